@@ -16,6 +16,7 @@ from fabric.errors import IbfmError
 
 COMMAND_MODULES = [
     "ibfm.commands.topo",
+    "ibfm.commands.sm",
 ]
 
 

@@ -12,12 +12,12 @@ that entry is reassigned.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from fabric.fileio import write_text_atomic
 from fabric.model import Fabric
 from sm.lidmap import MAX_UNICAST_LID, LidMap
 
@@ -88,19 +88,10 @@ def read_guid2lid(path: str | os.PathLike[str]) -> tuple[Guid2Lid, list[str]]:
 
 def write_guid2lid(path: str | os.PathLike[str], entries: Guid2Lid) -> None:
     """Write the file atomically (temp file in the same directory, fsync, rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    body = "".join(f"0x{g:016x} {b} {t}\n" for g, (b, t) in sorted(entries.items(), key=lambda e: e[1]))
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    body = "".join(
+        f"0x{g:016x} 0x{b:04x} 0x{t:04x}\n" for g, (b, t) in sorted(entries.items(), key=lambda e: e[1])
+    )
+    write_text_atomic(path, body)
 
 
 def assign_lids(fabric: Fabric, previous: Guid2Lid | None = None, *, lmc: int = 0) -> LidPlan:

@@ -28,6 +28,15 @@ _RESPONSE_BIT = 0x80
 _ATTR = struct.Struct(">H")
 
 
+class _Expired(Exception):
+    """A request's timer ran out (internal: turned into a retry or MadTimeout)."""
+
+
+def _expire(fut: asyncio.Future[bytes]) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
+
+
 class TransportError(IbfmError):
     """The transport itself failed (no device, port busy, closed)."""
 
@@ -119,15 +128,18 @@ class WindowedTransport(ABC):
                 _TID.pack_into(buf, TID_OFFSET, tid)
                 fut: asyncio.Future[bytes] = loop.create_future()
                 self._pending[tid] = fut
+                # A timer handle, not asyncio.wait_for: no task per request on the hot path.
+                timer = loop.call_later(tmo, _expire, fut)
                 try:
                     self.stats.sent += 1
                     if attempt:
                         self.stats.retries += 1
                     self._post(bytes(buf), route)
-                    return await asyncio.wait_for(fut, tmo)
-                except TimeoutError:
+                    return await fut
+                except _Expired:
                     continue
                 finally:
+                    timer.cancel()
                     self._pending.pop(tid, None)
         self.stats.timeouts += 1
         raise MadTimeout(route, _ATTR.unpack_from(mad, 16)[0], tries)

@@ -1,0 +1,187 @@
+"""``ibfm sm`` (run the SM once) and ``ibfm route`` (hops between two endpoints)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fabric.errors import IbfmError
+from sm.dump import format_lfts
+from sm.manager import FabricManager, SmConfig, SubnetSnapshot
+from sm.query import describe_route, format_route
+from sm.routing.base import parse_chain
+from sm.transport.base import WindowedTransport
+
+
+def _chain(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(parse_chain(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _lmc(text: str) -> int:
+    v = int(text)
+    if not 0 <= v <= 2:
+        raise argparse.ArgumentTypeError("LMC must be 0, 1 or 2")
+    return v
+
+
+def _guid(text: str) -> int:
+    try:
+        return int(text, 16)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad GUID {text!r}") from None
+
+
+def add_fabric_args(p: argparse.ArgumentParser, *, umad: bool = True) -> None:
+    """Where the fabric comes from and how the SM treats it (shared by sm, route, serve)."""
+    p.add_argument("--topology", metavar="FILE", help="net file (ibsim/ibnetdiscover) loaded into the emulator")
+    if umad:
+        p.add_argument(
+            "--transport", choices=("emulated", "umad"), default="emulated", help="fabric access (default emulated)"
+        )
+        p.add_argument("--ca", help="umad: CA name (default: first)")
+        p.add_argument("--port", type=int, help="umad: CA port number (default: first active)")
+    p.add_argument("--engine", type=_chain, default=("ftree", "updn", "minhop"), help="routing engines in order")
+    p.add_argument("--lmc", type=_lmc, default=0, help="LID mask control, 0..2")
+    p.add_argument("--guid2lid", type=Path, metavar="FILE", help="guid2lid file kept across runs")
+    p.add_argument("--root-guid", type=_guid, action="append", default=[], help="root switch GUID (repeatable)")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sm", help="run the subnet manager once and print a summary")
+    add_fabric_args(p)
+    p.add_argument("--dump-lfts", type=Path, metavar="FILE", help="write every LFT as ibroute prints it")
+    p.add_argument("--json", action="store_true", help="summary as JSON")
+    p.set_defaults(func=cmd_sm)
+
+    r = sub.add_parser("route", help="hops between two endpoints (name, GUID or LID), like ibtracert")
+    add_fabric_args(r, umad=False)
+    r.add_argument("src")
+    r.add_argument("dst")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_route)
+
+
+def config_from_args(args: argparse.Namespace) -> SmConfig:
+    return SmConfig(
+        engines=tuple(args.engine),
+        lmc=args.lmc,
+        guid2lid=args.guid2lid,
+        root_guids=tuple(args.root_guid),
+    )
+
+
+def open_transport(args: argparse.Namespace) -> WindowedTransport:
+    if getattr(args, "transport", "emulated") == "umad":
+        from sm.transport.umad import UmadTransport
+
+        return UmadTransport(args.ca, args.port)
+    if not args.topology:
+        raise IbfmError("--topology FILE is required with the emulated transport")
+    from fabric.formats.netfile import read_net
+    from sm.transport.emulated import EmulatedTransport
+
+    from fabric.emulator import EmulatedFabric
+
+    return EmulatedTransport(EmulatedFabric(read_net(args.topology)))
+
+
+async def run_once(args: argparse.Namespace) -> SubnetSnapshot:
+    transport = open_transport(args)
+    try:
+        start = getattr(transport, "start", None)
+        if start is not None:
+            res = start()
+            if asyncio.iscoroutine(res):
+                await res
+        return await FabricManager(transport, config_from_args(args)).heavy_sweep()
+    finally:
+        await transport.close()
+
+
+def summary(snap: SubnetSnapshot) -> dict[str, Any]:
+    f = snap.fabric
+    counts = f.summary()
+    return {
+        "subnet_up": snap.up,
+        "nodes": {"switches": counts["switches"], "cas": counts["cas"], "links": counts["links"]},
+        "lids": {"assigned": int(snap.lids.used().size), "lmc": snap.lids.lmc, "max_lid": snap.lids.max_lid},
+        "sm": {"node": f.names[snap.discovery.sm_node], "port": snap.discovery.sm_port, "lid": snap.sm_lid},
+        "engine": snap.engine,
+        "refused": [{"engine": e, "reason": r} for e, r in snap.refused],
+        "verify": {
+            "ok": snap.verify.ok,
+            "pairs": snap.verify.pairs,
+            "unreachable": snap.verify.unreachable,
+            "max_hops": snap.verify.max_hops,
+            "mean_hops": round(snap.verify.mean_hops, 3),
+            "failures": [str(x) for x in snap.verify.failures],
+        },
+        "credit_loops": [str(loop) for loop in snap.credit_loops],
+        "program": {
+            "port_sets": snap.program.port_sets,
+            "lft_blocks_sent": snap.program.blocks_sent,
+            "lft_blocks_unchanged": snap.program.blocks_skipped,
+            "ports_active": snap.program.activated,
+            "failures": snap.program.failures,
+        },
+        "discovery_errors": snap.discovery.errors,
+        "lid_warnings": list(snap.lid_warnings),
+        "smps": snap.smps,
+        "phases_s": {k: round(v, 4) for k, v in snap.phases.items()},
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    n, v, p = s["nodes"], s["verify"], s["program"]
+    lines = [
+        f"subnet {'UP' if s['subnet_up'] else 'NOT UP'}: {n['switches']} switches, {n['cas']} CAs, "
+        f"{n['links']} links",
+        f"LIDs: {s['lids']['assigned']} assigned (LMC {s['lids']['lmc']}), SM {s['sm']['node']} "
+        f"port {s['sm']['port']} LID {s['sm']['lid']}",
+        f"routing: {s['engine']}"
+        + "".join(f" (refused by {r['engine']}: {r['reason']})" for r in s["refused"]),
+        f"verify: {v['pairs']} pairs, {v['unreachable']} unreachable, hops max {v['max_hops']} "
+        f"mean {v['mean_hops']}",
+        f"credit loops: {len(s['credit_loops'])}",
+        f"programmed: {p['port_sets']} PortInfo, {p['lft_blocks_sent']} LFT blocks sent "
+        f"({p['lft_blocks_unchanged']} unchanged), {p['ports_active']} ports ACTIVE",
+        f"SMPs: {s['smps']}",
+        "phases: " + ", ".join(f"{k} {v:.3f}s" for k, v in s["phases_s"].items()),
+    ]
+    for key in ("discovery_errors", "lid_warnings"):
+        lines += [f"warning: {e}" for e in s[key]]
+    lines += [f"error: {e}" for e in p["failures"]]
+    lines += [f"unreachable: {e}" for e in v["failures"]]
+    lines += [f"credit loop: {e}" for e in s["credit_loops"]]
+    return "\n".join(lines)
+
+
+def cmd_sm(args: argparse.Namespace) -> int:
+    snap = asyncio.run(run_once(args))
+    if args.dump_lfts:
+        from fabric.fileio import write_text_atomic
+
+        write_text_atomic(args.dump_lfts, format_lfts(snap.fabric, snap.lids, snap.lft))
+    s = summary(snap)
+    print(json.dumps(s, indent=2) if args.json else format_summary(s))
+    return 0 if snap.up else 1
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    snap = asyncio.run(run_once(args))
+    r = describe_route(snap.fabric, snap.lids, snap.lft, args.src, args.dst)
+    if args.json:
+        from dataclasses import asdict
+
+        json.dump(asdict(r), sys.stdout, indent=2)
+        print()
+    else:
+        print(format_route(r))
+    return 0

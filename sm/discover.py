@@ -1,0 +1,292 @@
+"""Directed-route discovery: a breadth-first walk from the SM's port.
+
+Level by level, with every SMP of a level in flight at once (the
+transport's window bounds them): NodeInfo at each new path; for a node not
+seen before, NodeDescription, SwitchInfo and PortInfo of every port; then
+every LinkUp port of a switch opens the next level. A GUID met again by a
+second path (loops, parallel links, a CA with two ports on different
+switches) only adds a link. Devices that do not answer are reported and the
+rest of the fabric still comes up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, SmpAttr, node_desc_unpack
+from fabric.model import (
+    Fabric,
+    FabricBuilder,
+    NodeType,
+    PhysState,
+    Speed,
+    speed_from_portinfo,
+)
+from sm.smp import smp_get, smp_get_raw
+from sm.transport.base import WindowedTransport
+
+Path = tuple[int, ...]
+
+
+@dataclass
+class _NodeRec:
+    guid: int
+    type: NodeType
+    nports: int
+    sysimg_guid: int
+    vendor_id: int
+    device_id: int
+    path: Path
+    desc: str = ""
+    port_guids: dict[int, int] = field(default_factory=dict)
+    port_paths: dict[int, Path] = field(default_factory=dict)
+    port_info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    switch_info: dict[str, Any] | None = None
+
+
+@dataclass
+class Discovery:
+    """What a discovery found: the fabric, the DR path to every node, and problems."""
+
+    fabric: Fabric
+    paths: list[Path]
+    """DR path to node ``i`` (the SM's own node has ``()``)."""
+    sm_node: int
+    sm_port: int
+    port_paths: dict[tuple[int, int], Path]
+    """(CA node, port) -> a DR path that arrives at that port (a CA answers for its ingress port)."""
+    switch_info: dict[int, dict[str, Any]]
+    """Node index -> SwitchInfo as read."""
+    port_info: dict[tuple[int, int], dict[str, Any]]
+    """(node, port) -> PortInfo as read (the base for later Sets)."""
+    errors: list[str]
+    smps: int
+
+
+async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Discovery:
+    """Walk the fabric from the transport's port and return what answers."""
+    sent0 = transport.stats.sent
+    nodes: dict[int, _NodeRec] = {}
+    links: dict[tuple[int, int], tuple[int, int]] = {}
+    errors: list[str] = []
+    by_path: dict[Path, int] = {}
+
+    def name_of(guid: int) -> str:
+        rec = nodes[guid]
+        return rec.desc or f"{guid:#018x}"
+
+    root_ni = await smp_get(transport, (), NODE_INFO, SmpAttr.NODE_INFO)
+    sm_guid = int(root_ni["NodeGUID"])
+    sm_port = int(root_ni["LocalPortNum"])
+    # frontier items: (path, parent guid, parent port, NodeInfo if already read)
+    frontier: list[tuple[Path, int | None, int | None, dict[str, Any] | None]] = [((), None, None, root_ni)]
+
+    while frontier:
+
+        async def probe(item: tuple[Path, int | None, int | None, dict[str, Any] | None]) -> None:
+            path, parent, pport, ni = item
+            if ni is None:
+                try:
+                    ni = await smp_get(transport, path, NODE_INFO, SmpAttr.NODE_INFO)
+                except Exception as e:
+                    assert parent is not None and pport is not None
+                    errors.append(f"no NodeInfo behind {name_of(parent)} port {pport} (DR {list(path)}): {e}")
+                    return
+            guid = int(ni["NodeGUID"])
+            local = int(ni["LocalPortNum"])
+            if parent is not None and pport is not None:
+                _add_link(links, (parent, pport), (guid, local), errors, name_of if guid in nodes else None)
+            rec = nodes.get(guid)
+            is_new = rec is None
+            if rec is None:
+                rec = _NodeRec(
+                    guid,
+                    NodeType(int(ni["NodeType"])),
+                    int(ni["NumPorts"]),
+                    int(ni["SystemImageGUID"]),
+                    int(ni["VendorID"]),
+                    int(ni["DeviceID"]),
+                    path,
+                )
+                nodes[guid] = rec
+                by_path[path] = guid
+            if rec.type == NodeType.SWITCH:
+                rec.port_guids[0] = int(ni["PortGUID"])
+                if is_new:
+                    await _probe_switch(transport, rec, errors)
+            else:
+                rec.port_guids[local] = int(ni["PortGUID"])
+                rec.port_paths.setdefault(local, path)
+                if local not in rec.port_info:
+                    try:
+                        rec.port_info[local] = await smp_get(transport, path, PORT_INFO, SmpAttr.PORT_INFO, 0)
+                    except Exception as e:
+                        errors.append(f"{rec.desc or hex(guid)} port {local}: PortInfo failed: {e}")
+                if is_new:
+                    try:
+                        raw = await smp_get_raw(transport, path, SmpAttr.NODE_DESC)
+                        rec.desc = node_desc_unpack(raw)
+                    except Exception as e:
+                        errors.append(f"{guid:#018x}: NodeDescription failed: {e}")
+
+        await asyncio.gather(*(probe(item) for item in frontier))
+        nxt: list[tuple[Path, int | None, int | None, dict[str, Any] | None]] = []
+        for path, _parent, _pport, _ni in frontier:
+            # Expand a node once, from the path that found it first; CAs do not forward.
+            guid = by_path.get(path)
+            if guid is None or len(path) >= max_hops:
+                continue
+            rec = nodes[guid]
+            if rec.type == NodeType.SWITCH:
+                ports = range(1, rec.nports + 1)
+            elif path == ():
+                ports = range(sm_port, sm_port + 1)
+            else:
+                continue
+            nxt.extend(
+                ((*path, p), rec.guid, p, None)
+                for p in ports
+                if rec.port_info.get(p, {}).get("PortPhysicalState") == PhysState.LINKUP
+                and (rec.guid, p) not in links
+            )
+        frontier = nxt
+
+    fabric, paths, sw_info = _build(nodes, links, errors)
+    port_paths = {
+        (fabric.by_guid(r.guid), p): path for r in nodes.values() for p, path in r.port_paths.items()
+    }
+    port_info = {
+        (fabric.by_guid(r.guid), p): pi for r in nodes.values() for p, pi in r.port_info.items()
+    }
+    sm_node = fabric.by_guid(sm_guid)
+    return Discovery(
+        fabric, paths, sm_node, sm_port, port_paths, sw_info, port_info, errors, transport.stats.sent - sent0
+    )
+
+
+async def _probe_switch(transport: WindowedTransport, rec: _NodeRec, errors: list[str]) -> None:
+    path = rec.path
+
+    async def one_port(p: int) -> None:
+        try:
+            rec.port_info[p] = await smp_get(transport, path, PORT_INFO, SmpAttr.PORT_INFO, p)
+        except Exception as e:
+            errors.append(f"switch {rec.guid:#018x} port {p}: PortInfo failed: {e}")
+
+    async def desc() -> None:
+        try:
+            rec.desc = node_desc_unpack(await smp_get_raw(transport, path, SmpAttr.NODE_DESC))
+        except Exception as e:
+            errors.append(f"switch {rec.guid:#018x}: NodeDescription failed: {e}")
+
+    async def swinfo() -> None:
+        try:
+            rec.switch_info = await smp_get(transport, path, SWITCH_INFO, SmpAttr.SWITCH_INFO)
+        except Exception as e:
+            errors.append(f"switch {rec.guid:#018x}: SwitchInfo failed: {e}")
+
+    await asyncio.gather(desc(), swinfo(), *(one_port(p) for p in range(rec.nports + 1)))
+
+
+def _add_link(
+    links: dict[tuple[int, int], tuple[int, int]],
+    a: tuple[int, int],
+    b: tuple[int, int],
+    errors: list[str],
+    _name: Any,
+) -> None:
+    if links.get(a, b) != b or links.get(b, a) != a:
+        errors.append(
+            f"inconsistent link: {a[0]:#018x}[{a[1]}] -> {b[0]:#018x}[{b[1]}] "
+            f"but already {links.get(a)} / {links.get(b)}; first kept"
+        )
+        return
+    links[a] = b
+    links[b] = a
+
+
+def _speed_cap(pi: dict[str, Any]) -> Speed:
+    ext = int(pi.get("LinkSpeedExtSupported", 0))
+    if ext:
+        for bit in (16, 8, 4, 2, 1):
+            if ext & bit:
+                return speed_from_portinfo(4, bit)
+    ls = int(pi.get("LinkSpeedSupported", 1))
+    for bit in (4, 2, 1):
+        if ls & bit:
+            return speed_from_portinfo(bit, 0)
+    return Speed.SDR
+
+
+def _build(
+    nodes: dict[int, _NodeRec], links: dict[tuple[int, int], tuple[int, int]], errors: list[str]
+) -> tuple[Fabric, list[Path], dict[int, dict[str, Any]]]:
+    recs = sorted(nodes.values(), key=lambda r: r.guid)
+    descs = [r.desc for r in recs]
+    dup = {d for d in descs if descs.count(d) > 1} if len(set(descs)) != len(descs) else set()
+    b = FabricBuilder()
+    for r in recs:
+        prefix = "S" if r.type == NodeType.SWITCH else "H"
+        name = r.desc if r.desc and r.desc not in dup else f"{prefix}-{r.guid:016x}"
+        if r.type == NodeType.SWITCH:
+            pg = [r.port_guids.get(0, r.guid)] * (r.nports + 1)
+        else:
+            pg = [0] + [r.port_guids.get(p, 0) for p in range(1, r.nports + 1)]
+        b.add_node(
+            r.type,
+            r.nports,
+            name,
+            desc=r.desc,
+            guid=r.guid,
+            sysimg_guid=r.sysimg_guid,
+            port_guids=pg,
+            vendor_id=r.vendor_id,
+            device_id=r.device_id,
+        )
+    index = {r.guid: i for i, r in enumerate(recs)}
+    for (ga, pa), (gb, pb) in links.items():
+        if (ga, pa) < (gb, pb):
+            try:
+                b.connect(index[ga], pa, index[gb], pb)
+            except Exception as e:  # a port beyond NumPorts: report, keep the rest
+                errors.append(f"link {ga:#018x}[{pa}] - {gb:#018x}[{pb}] dropped: {e}")
+    f = b.build()
+    sw_info: dict[int, dict[str, Any]] = {}
+    for i, r in enumerate(recs):
+        if r.switch_info is not None:
+            sw_info[i] = r.switch_info
+        for p, pi in r.port_info.items():
+            f.width_cap[i, p] = int(pi["LinkWidthSupported"]) or f.width_cap[i, p]
+            f.speed_cap[i, p] = _speed_cap(pi)
+            f.mtu_cap[i, p] = int(pi["MTUCap"]) or f.mtu_cap[i, p]
+            f.vl_cap[i, p] = int(pi["VLCap"]) or f.vl_cap[i, p]
+            f.state[i, p] = int(pi["PortState"])
+            f.phys_state[i, p] = int(pi["PortPhysicalState"])
+            f.width_active[i, p] = int(pi["LinkWidthActive"])
+            try:
+                f.speed_active[i, p] = speed_from_portinfo(
+                    int(pi["LinkSpeedActive"]), int(pi["LinkSpeedExtActive"])
+                )
+            except ValueError:
+                f.speed_active[i, p] = 0
+            f.mtu_active[i, p] = int(pi["NeighborMTU"])
+            f.op_vls[i, p] = int(pi["OperationalVLs"])
+            f.lid[i, p] = int(pi["LID"])
+            f.lmc[i, p] = int(pi["LMC"])
+        if r.type != NodeType.SWITCH:
+            # A CA port never reached has no known GUID: it is not an end port (yet).
+            for p in range(1, r.nports + 1):
+                if p not in r.port_guids:
+                    f.port_exists[i, p] = False
+    # Ports whose PortInfo says the link is down keep no cable in the model.
+    up = f.phys_state == PhysState.LINKUP
+    stale = (f.peer_node >= 0) & ~up
+    for n, p in np.argwhere(stale).tolist():
+        if f.peer_node[n, p] >= 0:
+            f.disconnect(n, p)
+    f._reindex()
+    return f, [r.path for r in recs], sw_info

@@ -1,0 +1,169 @@
+"""The SM core end to end on the emulated fabric: discovery, LIDs, programming, bring-up."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fabric.emulator import EmulatedFabric
+from fabric.generate import degrade, fattree, ring
+from fabric.model import Fabric, FabricBuilder, NodeType, PortState
+from sm.discover import discover
+from sm.manager import FabricManager, SmConfig, SubnetSnapshot
+from sm.program import lft_block_diff
+from sm.transport.emulated import EmulatedTransport
+
+
+def links_by_guid(f: Fabric) -> set[frozenset[tuple[int, int]]]:
+    out = set()
+    for a, b, c, d in f.link_array().tolist():
+        out.add(frozenset({(int(f.node_guid[a]), b), (int(f.node_guid[c]), d)}))
+    return out
+
+
+def odd_fabric() -> Fabric:
+    """Loops, a double link between two switches, a CA with two ports on different switches, a down port."""
+    b = FabricBuilder()
+    s = [b.add_node(NodeType.SWITCH, 8, f"sw{i}") for i in range(3)]
+    h = [b.add_node(NodeType.CA, 1, f"h{i}") for i in range(3)]
+    dual = b.add_node(NodeType.CA, 2, "dual")
+    b.connect(s[0], 1, s[1], 1)
+    b.connect(s[0], 2, s[1], 2)  # parallel link
+    b.connect(s[1], 3, s[2], 3)
+    b.connect(s[2], 4, s[0], 4)  # loop of three switches
+    for i in range(3):
+        b.connect(s[i], 5, h[i], 1)
+    b.connect(s[0], 6, dual, 1)
+    b.connect(s[2], 6, dual, 2)
+    b.connect(s[1], 7, s[2], 7)
+    f = b.build()
+    f.link_down(s[1], 7)  # cabled, but down
+    return f
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def bring_up(f: Fabric, config: SmConfig | None = None) -> tuple[EmulatedFabric, SubnetSnapshot]:
+    emu = EmulatedFabric(f)
+
+    async def go() -> SubnetSnapshot:
+        t = EmulatedTransport(emu)
+        return await FabricManager(t, config or SmConfig()).heavy_sweep()
+
+    return emu, run(go())
+
+
+def test_discovery_equals_the_emulated_fabric() -> None:
+    f = odd_fabric()
+    emu = EmulatedFabric(f)
+    d = run(discover(EmulatedTransport(emu)))
+    g = d.fabric
+    assert not d.errors
+    assert sorted(g.node_guid.tolist()) == sorted(f.node_guid.tolist())
+    assert links_by_guid(g) == links_by_guid(f)
+    for i in range(f.n_nodes):
+        j = g.by_guid(int(f.node_guid[i]))
+        assert g.nports[j] == f.nports[i]
+        assert g.node_type[j] == f.node_type[i]
+        assert g.descs[j] == f.descs[i]
+    dual = g.by_name("dual")
+    assert g.port_guid[dual, 1] != g.port_guid[dual, 2] != 0
+    assert d.fabric.names[d.sm_node] == f.names[emu.local_port.node]
+
+
+def test_discovery_of_a_generated_tree_matches() -> None:
+    f = degrade(fattree(3, 4), links=3, seed=2)
+    d = run(discover(EmulatedTransport(EmulatedFabric(f))))
+    assert links_by_guid(d.fabric) == links_by_guid(f)
+    assert d.fabric.n_nodes == f.n_nodes
+
+
+def test_a_switch_that_does_not_answer_is_reported_and_the_rest_comes_up() -> None:
+    f = fattree(2, 4)
+    emu = EmulatedFabric(f)
+    spine = f.by_name(f.names[int(f.switches[-1])])
+    emu.remove_node(spine)
+    d = run(discover(EmulatedTransport(emu)))
+    assert f.node_guid[spine] not in d.fabric.node_guid
+    assert d.fabric.n_nodes == f.n_nodes - 1
+
+
+def test_bring_up_full_fat_tree_every_port_active_and_routed() -> None:
+    f = fattree(2, 8)
+    emu, snap = bring_up(f)
+    assert snap.up, snap.program.failures or snap.verify.failures
+    assert snap.engine == "ftree"
+    assert snap.credit_loops == ()
+    # The emulator (physical truth) holds what the SM planned.
+    up = emu.fabric.up_mask()
+    assert (emu.fabric.state[up] == PortState.ACTIVE).all()
+    g = snap.fabric
+    for n, p in g.endports().tolist():
+        m, q = emu.fabric.by_port_guid(int(g.port_guid[n, p]))
+        assert emu.fabric.lid[m, q] == snap.lids.base[n, p]
+
+
+def test_lft_blocks_match_what_the_switches_hold() -> None:
+    f = fattree(2, 4)
+    emu, snap = bring_up(f)
+    g = snap.fabric
+    for row, n in enumerate(g.switches.tolist()):
+        erow = emu.switch_row(emu.fabric.by_guid(int(g.node_guid[n])))
+        held = emu.lft[erow, : snap.lids.max_lid + 1]
+        assert np.array_equal(held, snap.lft[row])
+
+
+def test_second_sweep_sends_nothing_new_and_keeps_lids(tmp_path: Path) -> None:
+    f = fattree(2, 4)
+    emu = EmulatedFabric(f)
+    g2l = tmp_path / "guid2lid"
+
+    async def go() -> tuple[SubnetSnapshot, SubnetSnapshot, SubnetSnapshot]:
+        t = EmulatedTransport(emu)
+        m = FabricManager(t, SmConfig(guid2lid=g2l))
+        a = await m.heavy_sweep()
+        b = await m.heavy_sweep()
+        # A restart: a new manager reads the guid2lid file.
+        c = await FabricManager(EmulatedTransport(emu), SmConfig(guid2lid=g2l)).heavy_sweep()
+        return a, b, c
+
+    a, b, c = run(go())
+    assert b.program.blocks_sent == 0
+    assert b.program.activated == 0
+    for snap in (b, c):
+        assert np.array_equal(snap.lids.base, a.lids.base)
+    assert g2l.exists()
+
+
+def test_minhop_on_a_ring_reports_a_credit_loop() -> None:
+    _, snap = bring_up(ring(6, 1), SmConfig(engines=("minhop",)))
+    assert snap.engine == "minhop"
+    assert snap.credit_loops
+
+
+def test_ftree_refuses_a_ring_and_the_chain_falls_back() -> None:
+    _, snap = bring_up(ring(6, 1), SmConfig(engines=("ftree", "minhop")))
+    assert snap.engine == "minhop"
+    assert snap.refused and snap.refused[0][0] == "ftree"
+
+
+@pytest.mark.parametrize("lmc", [1, 2])
+def test_lmc_ranges_are_programmed(lmc: int) -> None:
+    _, snap = bring_up(fattree(2, 4), SmConfig(lmc=lmc))
+    assert snap.up
+    bases = snap.lids.base[snap.lids.base > 0]
+    assert (bases % (1 << lmc) == 0).all()
+
+
+def test_block_diff() -> None:
+    a = np.full(130, 255, np.uint8)
+    b = a.copy()
+    b[70] = 3
+    assert lft_block_diff(b, a).tolist() == [1]
+    assert lft_block_diff(b, None).tolist() == [0, 1, 2]
+    assert lft_block_diff(a, a[:64]).tolist() == []
