@@ -17,6 +17,7 @@ from fabric.errors import IbfmError
 COMMAND_MODULES = [
     "ibfm.commands.topo",
     "ibfm.commands.sm",
+    "ibfm.commands.demo",
 ]
 
 

@@ -11,13 +11,12 @@ rest of the fabric still comes up.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, SmpAttr, node_desc_unpack
+from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr, node_desc_unpack
 from fabric.model import (
     Fabric,
     FabricBuilder,
@@ -26,7 +25,7 @@ from fabric.model import (
     Speed,
     speed_from_portinfo,
 )
-from sm.smp import smp_get, smp_get_raw
+from sm.smp import SmpRequest, smp_batch, smp_get
 from sm.transport.base import WindowedTransport
 
 Path = tuple[int, ...]
@@ -86,20 +85,27 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
     frontier: list[tuple[Path, int | None, int | None, dict[str, Any] | None]] = [((), None, None, root_ni)]
 
     while frontier:
-
-        async def probe(item: tuple[Path, int | None, int | None, dict[str, Any] | None]) -> None:
-            path, parent, pport, ni = item
+        # 1. NodeInfo at every path of this level, all in flight together.
+        ask = [k for k, item in enumerate(frontier) if item[3] is None]
+        answers = await smp_batch(transport, [(frontier[k][0], Method.GET, SmpAttr.NODE_INFO, 0, b"") for k in ask])
+        infos: list[dict[str, Any] | None] = [item[3] for item in frontier]
+        for k, ans in zip(ask, answers, strict=True):
+            path, parent, pport, _ = frontier[k]
+            if isinstance(ans, Exception):
+                assert parent is not None
+                errors.append(f"no NodeInfo behind {name_of(parent)} port {pport} (DR {list(path)}): {ans}")
+            else:
+                infos[k] = NODE_INFO.unpack(ans)
+        # 2. Links, new nodes, and the details to read for each.
+        details: list[SmpRequest] = []
+        sinks: list[tuple[_NodeRec, str, int]] = []
+        for (path, parent, pport, _), ni in zip(frontier, infos, strict=True):
             if ni is None:
-                try:
-                    ni = await smp_get(transport, path, NODE_INFO, SmpAttr.NODE_INFO)
-                except Exception as e:
-                    assert parent is not None and pport is not None
-                    errors.append(f"no NodeInfo behind {name_of(parent)} port {pport} (DR {list(path)}): {e}")
-                    return
+                continue
             guid = int(ni["NodeGUID"])
             local = int(ni["LocalPortNum"])
             if parent is not None and pport is not None:
-                _add_link(links, (parent, pport), (guid, local), errors, name_of if guid in nodes else None)
+                _add_link(links, (parent, pport), (guid, local), errors)
             rec = nodes.get(guid)
             is_new = rec is None
             if rec is None:
@@ -114,26 +120,31 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
                 )
                 nodes[guid] = rec
                 by_path[path] = guid
+                details.append((path, Method.GET, SmpAttr.NODE_DESC, 0, b""))
+                sinks.append((rec, "desc", 0))
             if rec.type == NodeType.SWITCH:
                 rec.port_guids[0] = int(ni["PortGUID"])
                 if is_new:
-                    await _probe_switch(transport, rec, errors)
-            else:
+                    details.append((path, Method.GET, SmpAttr.SWITCH_INFO, 0, b""))
+                    sinks.append((rec, "switch", 0))
+                    for p in range(rec.nports + 1):
+                        details.append((path, Method.GET, SmpAttr.PORT_INFO, p, b""))
+                        sinks.append((rec, "port", p))
+            elif local not in rec.port_guids:
+                # A CA answers PortInfo (modifier 0) for the port the SMP came in on.
                 rec.port_guids[local] = int(ni["PortGUID"])
-                rec.port_paths.setdefault(local, path)
-                if local not in rec.port_info:
-                    try:
-                        rec.port_info[local] = await smp_get(transport, path, PORT_INFO, SmpAttr.PORT_INFO, 0)
-                    except Exception as e:
-                        errors.append(f"{rec.desc or hex(guid)} port {local}: PortInfo failed: {e}")
-                if is_new:
-                    try:
-                        raw = await smp_get_raw(transport, path, SmpAttr.NODE_DESC)
-                        rec.desc = node_desc_unpack(raw)
-                    except Exception as e:
-                        errors.append(f"{guid:#018x}: NodeDescription failed: {e}")
-
-        await asyncio.gather(*(probe(item) for item in frontier))
+                rec.port_paths[local] = path
+                details.append((path, Method.GET, SmpAttr.PORT_INFO, 0, b""))
+                sinks.append((rec, "port", local))
+        for (rec, what, mod), ans in zip(sinks, await smp_batch(transport, details), strict=True):
+            if isinstance(ans, Exception):
+                errors.append(f"{rec.desc or hex(rec.guid)}: {what} read failed: {ans}")
+            elif what == "desc":
+                rec.desc = node_desc_unpack(ans)
+            elif what == "switch":
+                rec.switch_info = SWITCH_INFO.unpack(ans)
+            else:
+                rec.port_info[mod] = PORT_INFO.unpack(ans)
         nxt: list[tuple[Path, int | None, int | None, dict[str, Any] | None]] = []
         for path, _parent, _pport, _ni in frontier:
             # Expand a node once, from the path that found it first; CAs do not forward.
@@ -168,36 +179,8 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
     )
 
 
-async def _probe_switch(transport: WindowedTransport, rec: _NodeRec, errors: list[str]) -> None:
-    path = rec.path
-
-    async def one_port(p: int) -> None:
-        try:
-            rec.port_info[p] = await smp_get(transport, path, PORT_INFO, SmpAttr.PORT_INFO, p)
-        except Exception as e:
-            errors.append(f"switch {rec.guid:#018x} port {p}: PortInfo failed: {e}")
-
-    async def desc() -> None:
-        try:
-            rec.desc = node_desc_unpack(await smp_get_raw(transport, path, SmpAttr.NODE_DESC))
-        except Exception as e:
-            errors.append(f"switch {rec.guid:#018x}: NodeDescription failed: {e}")
-
-    async def swinfo() -> None:
-        try:
-            rec.switch_info = await smp_get(transport, path, SWITCH_INFO, SmpAttr.SWITCH_INFO)
-        except Exception as e:
-            errors.append(f"switch {rec.guid:#018x}: SwitchInfo failed: {e}")
-
-    await asyncio.gather(desc(), swinfo(), *(one_port(p) for p in range(rec.nports + 1)))
-
-
 def _add_link(
-    links: dict[tuple[int, int], tuple[int, int]],
-    a: tuple[int, int],
-    b: tuple[int, int],
-    errors: list[str],
-    _name: Any,
+    links: dict[tuple[int, int], tuple[int, int]], a: tuple[int, int], b: tuple[int, int], errors: list[str]
 ) -> None:
     if links.get(a, b) != b or links.get(b, a) != a:
         errors.append(

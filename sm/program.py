@@ -18,21 +18,18 @@ it again, and the rest goes on.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from fabric.mad import LFT_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, SmpAttr, lft_block_pack, lft_block_unpack
+from fabric.mad import LFT_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, Method, SmpAttr, lft_block_unpack
 from fabric.model import NodeType, PortState
 from sm.discover import Discovery, Path
 from sm.lidmap import LidMap
 from sm.links import LinkPlan
 from sm.routing.base import NO_ROUTE, Lft
-from sm.smp import smp_set, smp_set_raw
+from sm.smp import SmpRequest, smp_batch
 from sm.transport.base import WindowedTransport
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
@@ -76,10 +73,6 @@ def _port_route(d: Discovery, node: int, port: int) -> tuple[Path, int]:
     return d.port_paths.get((node, port), d.paths[node]), 0
 
 
-async def _gather(jobs: Iterable[Awaitable[None]]) -> None:
-    await asyncio.gather(*jobs)
-
-
 async def program_fabric(
     transport: WindowedTransport,
     d: Discovery,
@@ -93,31 +86,41 @@ async def program_fabric(
     activate: bool = True,
 ) -> ProgramReport:
     """Push the plan into the fabric; updates ``held`` with what the switches now hold."""
-    f = d.fabric
     rep = ProgramReport()
     held = held if held is not None else {}
     await _set_port_infos(transport, d, lids, links, sm_lid, subnet_prefix, rep)
-    switches = f.switches
-    top = lids.max_lid
-    await _gather(_set_fdb_top(transport, d, int(n), top, rep) for n in switches.tolist())
-    jobs = []
-    for row, n in enumerate(switches.tolist()):
-        guid = int(f.node_guid[n])
-        cur = held.get(guid)
-        new = lft[row]
-        blocks = lft_block_diff(new, cur)
-        nblocks = -(-new.shape[0] // LFT_BLOCK_SIZE)
-        rep.blocks_skipped += nblocks - blocks.size
-        if cur is None or cur.shape[0] < nblocks * LFT_BLOCK_SIZE:
-            grown = np.full(nblocks * LFT_BLOCK_SIZE, NO_ROUTE, np.uint8)
-            if cur is not None:
-                grown[: cur.shape[0]] = cur[: grown.shape[0]]
-            cur = held[guid] = grown
-        jobs.extend(_set_block(transport, d, n, int(b), new, cur, rep) for b in blocks.tolist())
-    await _gather(jobs)
+    await _set_fdb_tops(transport, d, lids.max_lid, rep)
+    await _set_blocks(transport, d, lft, held, rep)
     if activate:
         await _activate(transport, d, rep)
     return rep
+
+
+async def _port_info_sets(
+    transport: WindowedTransport,
+    d: Discovery,
+    targets: list[tuple[int, int, dict[str, int]]],
+    what: str,
+) -> list[tuple[int, int, dict[str, int], str | None]]:
+    """PortInfo Set ``want`` over what was read, on every (node, port); (node, port, want, failure)."""
+    reqs: list[SmpRequest] = []
+    for node, port, want in targets:
+        path, mod = _port_route(d, node, port)
+        values = dict(d.port_info.get((node, port), {}))
+        values.update(PortState=0, PortPhysicalState=0)
+        values.update(want)
+        reqs.append((path, Method.SET, SmpAttr.PORT_INFO, mod, PORT_INFO.pack(values)))
+    out: list[tuple[int, int, dict[str, int], str | None]] = []
+    name = d.fabric.port_name
+    for (node, port, want), ans in zip(targets, await smp_batch(transport, reqs), strict=True):
+        if isinstance(ans, Exception):
+            out.append((node, port, want, f"{name(node, port)}: PortInfo Set {what} failed: {ans}"))
+            continue
+        got = PORT_INFO.unpack(ans)
+        d.port_info[(node, port)] = got  # later Sets build on what the port now holds
+        bad = {k: (v, got.get(k)) for k, v in want.items() if got.get(k) != v}
+        out.append((node, port, want, f"{name(node, port)}: PortInfo Set {what} not taken: {bad}" if bad else None))
+    return out
 
 
 async def _set_port_infos(
@@ -130,10 +133,9 @@ async def _set_port_infos(
     rep: ProgramReport,
 ) -> None:
     f = d.fabric
-
     up = f.up_mask()
-
-    def wanted(node: int, port: int) -> dict[str, int]:
+    targets: list[tuple[int, int, dict[str, int]]] = []
+    for (node, port), read in d.port_info.items():
         want: dict[str, int] = {}
         if f.node_type[node] != NodeType.SWITCH or port == 0:
             want.update(LID=int(lids.base[node, port]), LMC=lids.lmc, MasterSMLID=sm_lid, GIDPrefix=prefix)
@@ -142,22 +144,13 @@ async def _set_port_infos(
         # A trained link in INIT is armed by the same Set; ACTIVE follows once the LFTs are in.
         if up[node, port] and port != 0 and f.state[node, port] == PortState.INIT:
             want["PortState"] = int(PortState.ARMED)
-        return want
-
-    async def one(node: int, port: int, read: dict[str, Any], want: dict[str, int]) -> None:
-        path, mod = _port_route(d, node, port)
-        values = dict(read)
-        values.update(PortState=0, PortPhysicalState=0)
-        values.update(want)
-        try:
-            got = await smp_set(transport, path, PORT_INFO, SmpAttr.PORT_INFO, mod, values)
-        except Exception as e:
-            rep.failures.append(f"{f.port_name(node, port)}: PortInfo Set failed: {e}")
-            return
-        bad = {k: (v, got.get(k)) for k, v in want.items() if got.get(k) != v}
-        if bad:
-            rep.failures.append(f"{f.port_name(node, port)}: PortInfo Set not taken: {bad}")
-            return
+        # Only what differs from what the port holds is sent.
+        if want and any(read.get(k) != v for k, v in want.items()):
+            targets.append((node, port, want))
+    for node, port, want, failure in await _port_info_sets(transport, d, targets, "config"):
+        if failure:
+            rep.failures.append(failure)
+            continue
         rep.port_sets += 1
         if "LID" in want:
             f.lid[node, port] = want["LID"]
@@ -169,94 +162,86 @@ async def _set_port_infos(
             f.state[node, port] = want["PortState"]
             rep.armed += 1
 
-    jobs = []
-    for (node, port), read in d.port_info.items():
-        want = wanted(node, port)
-        # Only what differs from what the port holds is sent.
-        if want and any(read.get(k) != v for k, v in want.items()):
-            jobs.append(one(node, port, read, want))
-    await _gather(jobs)
+
+async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, rep: ProgramReport) -> None:
+    f = d.fabric
+    nodes: list[int] = []
+    reqs: list[SmpRequest] = []
+    for node in f.switches.tolist():
+        read = d.switch_info.get(node)
+        if read is None:
+            rep.failures.append(f"{f.names[node]}: no SwitchInfo read; LinearFDBTop not set")
+            continue
+        cap = int(read.get("LinearFDBCap", 0))
+        if cap and top >= cap:
+            rep.failures.append(f"{f.names[node]}: LinearFDBTop {top} beyond LinearFDBCap {cap}")
+            continue
+        if read.get("LinearFDBTop") == top:
+            continue
+        values = dict(read)
+        values.update(LinearFDBTop=top, PortStateChange=0)
+        nodes.append(node)
+        reqs.append((d.paths[node], Method.SET, SmpAttr.SWITCH_INFO, 0, SWITCH_INFO.pack(values)))
+    for node, ans in zip(nodes, await smp_batch(transport, reqs), strict=True):
+        if isinstance(ans, Exception):
+            rep.failures.append(f"{f.names[node]}: SwitchInfo Set failed: {ans}")
+        elif (got := SWITCH_INFO.unpack(ans)).get("LinearFDBTop") != top:
+            rep.failures.append(f"{f.names[node]}: LinearFDBTop reads {got.get('LinearFDBTop')} after Set {top}")
+        else:
+            rep.switchinfo_sets += 1
 
 
-async def _set_fdb_top(
-    transport: WindowedTransport, d: Discovery, node: int, top: int, rep: ProgramReport
+async def _set_blocks(
+    transport: WindowedTransport, d: Discovery, lft: Lft, held: HeldLfts, rep: ProgramReport
 ) -> None:
     f = d.fabric
-    read = d.switch_info.get(node)
-    if read is None:
-        rep.failures.append(f"{f.names[node]}: no SwitchInfo read; LinearFDBTop not set")
-        return
-    cap = int(read.get("LinearFDBCap", 0))
-    if cap and top >= cap:
-        rep.failures.append(f"{f.names[node]}: LinearFDBTop {top} beyond LinearFDBCap {cap}")
-        return
-    values = dict(read)
-    values.update(LinearFDBTop=top, PortStateChange=0)
-    try:
-        got = await smp_set(transport, d.paths[node], SWITCH_INFO, SmpAttr.SWITCH_INFO, 0, values)
-    except Exception as e:
-        rep.failures.append(f"{f.names[node]}: SwitchInfo Set failed: {e}")
-        return
-    if got.get("LinearFDBTop") != top:
-        rep.failures.append(f"{f.names[node]}: LinearFDBTop reads {got.get('LinearFDBTop')} after Set {top}")
-        return
-    rep.switchinfo_sets += 1
-
-
-async def _set_block(
-    transport: WindowedTransport,
-    d: Discovery,
-    node: int,
-    block: int,
-    new: npt.NDArray[np.uint8],
-    cur: npt.NDArray[np.uint8],
-    rep: ProgramReport,
-) -> None:
-    lo = block * LFT_BLOCK_SIZE
-    chunk = np.full(LFT_BLOCK_SIZE, NO_ROUTE, np.uint8)
-    part = new[lo : lo + LFT_BLOCK_SIZE]
-    chunk[: part.shape[0]] = part
-    data = lft_block_pack(chunk)
-    name = d.fabric.names[node]
-    try:
-        got = await smp_set_raw(transport, d.paths[node], SmpAttr.LFT, block, data)
-    except Exception as e:
-        rep.failures.append(f"{name}: LFT block {block} (LIDs {lo}..{lo + 63}) Set failed: {e}")
-        cur[lo : lo + LFT_BLOCK_SIZE] = NO_ROUTE ^ 1  # unknown: differs from anything we'd send
-        return
-    if lft_block_unpack(got) != bytes(chunk):
-        rep.failures.append(f"{name}: LFT block {block} (LIDs {lo}..{lo + 63}) reads back different")
-        cur[lo : lo + LFT_BLOCK_SIZE] = np.frombuffer(lft_block_unpack(got), np.uint8)
-        return
-    cur[lo : lo + LFT_BLOCK_SIZE] = chunk
-    rep.blocks_sent += 1
+    nblocks = -(-lft.shape[1] // LFT_BLOCK_SIZE)
+    padded = np.full((lft.shape[0], nblocks * LFT_BLOCK_SIZE), NO_ROUTE, np.uint8)
+    padded[:, : lft.shape[1]] = lft
+    jobs: list[tuple[int, int, npt.NDArray[np.uint8]]] = []
+    reqs: list[SmpRequest] = []
+    for row, node in enumerate(f.switches.tolist()):
+        guid = int(f.node_guid[node])
+        cur = held.get(guid)
+        blocks = lft_block_diff(lft[row], cur)
+        rep.blocks_skipped += nblocks - blocks.size
+        if cur is None or cur.shape[0] < padded.shape[1]:
+            grown = np.full(padded.shape[1], NO_ROUTE, np.uint8)
+            if cur is not None:
+                grown[: cur.shape[0]] = cur[: grown.shape[0]]
+            cur = held[guid] = grown
+        chunks = padded[row].reshape(-1, LFT_BLOCK_SIZE)
+        for b in blocks.tolist():
+            jobs.append((node, b, cur))
+            reqs.append((d.paths[node], Method.SET, SmpAttr.LFT, b, chunks[b].tobytes()))
+    for (node, b, cur), (*_, data), ans in zip(jobs, reqs, await smp_batch(transport, reqs), strict=True):
+        lo = b * LFT_BLOCK_SIZE
+        where = f"{f.names[node]}: LFT block {b} (LIDs {lo}..{lo + LFT_BLOCK_SIZE - 1})"
+        if isinstance(ans, Exception):
+            rep.failures.append(f"{where} Set failed: {ans}")
+            cur[lo : lo + LFT_BLOCK_SIZE] = NO_ROUTE ^ 1  # unknown: differs from anything we'd send
+        elif lft_block_unpack(ans) != data:
+            rep.failures.append(f"{where} reads back different")
+            cur[lo : lo + LFT_BLOCK_SIZE] = np.frombuffer(lft_block_unpack(ans), np.uint8)
+        else:
+            cur[lo : lo + LFT_BLOCK_SIZE] = np.frombuffer(data, np.uint8)
+            rep.blocks_sent += 1
 
 
 async def _activate(transport: WindowedTransport, d: Discovery, rep: ProgramReport) -> None:
     """ARMED -> ACTIVE on every up port, now that the LFTs are in."""
     f = d.fabric
-
-    async def one(node: int, port: int) -> None:
-        path, mod = _port_route(d, node, port)
-        values = dict(d.port_info.get((node, port), {}))
-        values.update(
-            PortState=int(PortState.ACTIVE),
-            PortPhysicalState=0,
-            LID=int(f.lid[node, port]),
-            LMC=int(f.lmc[node, port]),
-            NeighborMTU=int(f.mtu_active[node, port]),
-            OperationalVLs=int(f.op_vls[node, port]),
+    targets = [
+        (
+            n,
+            p,
+            {"PortState": int(PortState.ACTIVE)},
         )
-        try:
-            got = await smp_set(transport, path, PORT_INFO, SmpAttr.PORT_INFO, mod, values)
-        except Exception as e:
-            rep.failures.append(f"{f.port_name(node, port)}: PortInfo Set ACTIVE failed: {e}")
-            return
-        if got.get("PortState") != PortState.ACTIVE:
-            rep.failures.append(f"{f.port_name(node, port)}: PortState reads {got.get('PortState')} after Set ACTIVE")
-            return
-        f.state[node, port] = PortState.ACTIVE
-        rep.activated += 1
-
-    targets = np.argwhere(f.up_mask() & (f.state == PortState.ARMED))
-    await _gather(one(int(n), int(p)) for n, p in targets.tolist())
+        for n, p in np.argwhere(f.up_mask() & (f.state == PortState.ARMED)).tolist()
+    ]
+    for node, port, _, failure in await _port_info_sets(transport, d, targets, "ACTIVE"):
+        if failure:
+            rep.failures.append(failure)
+        else:
+            f.state[node, port] = PortState.ACTIVE
+            rep.activated += 1

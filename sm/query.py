@@ -104,11 +104,11 @@ def describe_route(fabric: Fabric, lids: LidMap, lft: Lft, src: str, dst: str) -
                 op,
                 name[: name.find("x") + 1] if name else "",
                 name[name.find("x") + 1 :] if name else "",
-                MTU_BYTES.get(mtu, 0) if op or fabric.node_type[n] != NodeType.SWITCH else 0,
-                link_gbps(w, s),
+                MTU_BYTES.get(mtu, 0) if op else 0,
+                link_gbps(w, s) if op else 0.0,
             )
         )
-        if op or fabric.node_type[n] != NodeType.SWITCH:
+        if op:
             egress.append((n, op))
     mtu, rate = path_mtu_rate(fabric, egress)
     return RouteInfo(

@@ -56,20 +56,44 @@ async def smp_set(
 async def _exchange(
     transport: WindowedTransport, route: Route, method: int, attr_id: int, attr_mod: int, data: bytes
 ) -> bytes:
-    if len(data) > SMP_DATA_SIZE:
-        data = data[:SMP_DATA_SIZE]
-    if isinstance(route, int):
-        req = smp_lid(method, attr_id, attr_mod, 0, data)
-    else:
-        req = smp_dr(method, attr_id, attr_mod, 0, route, data)
-    resp = parse_mad(await transport.send(req, route))
-    if resp.attr_id != attr_id:
-        raise SmpError(
-            f"{describe_route(route)}: answer for attribute {resp.attr_id:#06x}, asked {attr_id:#06x}"
+    (res,) = await smp_batch(transport, [(route, method, attr_id, attr_mod, data[:SMP_DATA_SIZE])])
+    if isinstance(res, IbfmError):
+        raise res
+    return res
+
+
+SmpRequest = tuple[Route, int, int, int, bytes]
+"""(route, method, attribute ID, attribute modifier, data)."""
+
+
+async def smp_batch(transport: WindowedTransport, requests: list[SmpRequest]) -> list[bytes | IbfmError]:
+    """Send every SMP under the window; per request the attribute data, or the error naming it."""
+    mads = [
+        (
+            smp_lid(m, a, mod, 0, data) if isinstance(route, int) else smp_dr(m, a, mod, 0, route, data),
+            route,
         )
-    if resp.status:
-        raise SmpError(
-            f"{describe_route(route)}: {'Set' if method == Method.SET else 'Get'} of attribute "
-            f"{attr_id:#06x} modifier {attr_mod:#x} answered status {resp.status:#06x}"
-        )
-    return resp.data
+        for route, m, a, mod, data in requests
+    ]
+    answers = await transport.send_many(mads)
+    out: list[bytes | IbfmError] = []
+    for (route, method, attr_id, attr_mod, _), ans in zip(requests, answers, strict=True):
+        if not isinstance(ans, bytes):
+            out.append(ans if isinstance(ans, IbfmError) else SmpError(f"{describe_route(route)}: {ans}"))
+            continue
+        try:
+            resp = parse_mad(ans)
+        except IbfmError as e:
+            out.append(SmpError(f"{describe_route(route)}: malformed answer: {e}"))
+            continue
+        if resp.attr_id != attr_id or resp.status:
+            out.append(
+                SmpError(
+                    f"{describe_route(route)}: {'Set' if method == Method.SET else 'Get'} of attribute "
+                    f"{attr_id:#06x} modifier {attr_mod:#x} answered status {resp.status:#06x}"
+                    + (f" for attribute {resp.attr_id:#06x}" if resp.attr_id != attr_id else "")
+                )
+            )
+            continue
+        out.append(resp.data)
+    return out

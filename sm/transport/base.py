@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import struct
 from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fabric.errors import IbfmError
 
@@ -30,11 +33,6 @@ _ATTR = struct.Struct(">H")
 
 class _Expired(Exception):
     """A request's timer ran out (internal: turned into a retry or MadTimeout)."""
-
-
-def _expire(fut: asyncio.Future[bytes]) -> None:
-    if not fut.done():
-        fut.set_exception(_Expired())
 
 
 class TransportError(IbfmError):
@@ -66,7 +64,13 @@ class TransportStats:
 
 
 class WindowedTransport(ABC):
-    """Window, timeout, retries and TID matching over a raw post/deliver pair."""
+    """Window, timeout, retries and TID matching over a raw post/deliver pair.
+
+    The window counts every outstanding request, whether sent alone
+    (:meth:`send`) or in a batch (:meth:`send_many`); a freed slot goes to
+    the oldest waiter. Requests are tracked by callbacks and timer handles,
+    not tasks, so a batch of 100,000 SMPs costs no coroutine per SMP.
+    """
 
     def __init__(self, *, window: int = 64, timeout: float = 0.2, retries: int = 3) -> None:
         if window < 1:
@@ -75,11 +79,13 @@ class WindowedTransport(ABC):
         self.timeout = timeout
         self.retries = retries
         self.stats = TransportStats()
-        self._slots = asyncio.Semaphore(window)
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._inflight = 0
+        self._waiters: deque[Callable[[], bool]] = deque()
+        self._pending: dict[int, Callable[[bytes], None]] = {}
         self._next_tid = 1
         self._traps: asyncio.Queue[bytes] = asyncio.Queue()
         self._closed = False
+        self._batches: set[asyncio.Future[None]] = set()
 
     # -- subclass side --------------------------------------------------------
 
@@ -99,16 +105,70 @@ class WindowedTransport(ABC):
             self._unsolicited(mad)
             return
         tid = _TID.unpack_from(mad, TID_OFFSET)[0] & 0xFFFFFFFF
-        fut = self._pending.get(tid)
-        if fut is None or fut.done():
+        done = self._pending.pop(tid, None)
+        if done is None:
             self.stats.unmatched += 1
             return
         self.stats.received += 1
-        fut.set_result(mad)
+        done(mad)
 
     def _unsolicited(self, mad: bytes) -> None:
         self.stats.unsolicited += 1
         self._traps.put_nowait(mad)
+
+    # -- the window -------------------------------------------------------------
+
+    def _try_take(self) -> bool:
+        if self._inflight < self.window and not self._waiters:
+            self._inflight += 1
+            return True
+        return False
+
+    def _release(self) -> None:
+        """Hand the slot to the oldest waiter that still wants it, else free it."""
+        while self._waiters:
+            if self._waiters.popleft()():
+                return
+        self._inflight -= 1
+
+    def _launch(
+        self,
+        mad: bytes,
+        route: Route,
+        on_reply: Callable[[bytes], None],
+        on_expire: Callable[[], None],
+        tmo: float,
+    ) -> Callable[[], None]:
+        """Post one attempt under a fresh TID; returns a canceller for its timer and TID."""
+        loop = asyncio.get_running_loop()
+        tid = self._alloc_tid()
+        buf = bytearray(mad)
+        _TID.pack_into(buf, TID_OFFSET, tid)
+
+        def expired() -> None:
+            if self._pending.pop(tid, None) is not None:
+                on_expire()
+
+        timer = loop.call_later(tmo, expired)
+
+        def reply(m: bytes) -> None:
+            timer.cancel()
+            on_reply(m)
+
+        self._pending[tid] = reply
+        self.stats.sent += 1
+        try:
+            self._post(bytes(buf), route)
+        except BaseException:
+            timer.cancel()
+            self._pending.pop(tid, None)
+            raise
+
+        def cancel() -> None:
+            timer.cancel()
+            self._pending.pop(tid, None)
+
+        return cancel
 
     # -- caller side ----------------------------------------------------------
 
@@ -120,29 +180,151 @@ class WindowedTransport(ABC):
             raise TransportError("transport is closed")
         tmo = self.timeout if timeout is None else timeout
         tries = 1 + (self.retries if retries is None else retries)
-        buf = bytearray(mad)
         loop = asyncio.get_running_loop()
-        async with self._slots:
-            for attempt in range(tries):
-                tid = self._alloc_tid()
-                _TID.pack_into(buf, TID_OFFSET, tid)
+        if not self._try_take():
+            slot: asyncio.Future[None] = loop.create_future()
+
+            def handed() -> bool:
+                if slot.done():
+                    return False
+                slot.set_result(None)
+                return True
+
+            self._waiters.append(handed)
+            try:
+                await slot
+            except asyncio.CancelledError:
+                if slot.done() and not slot.cancelled():
+                    self._release()
+                raise
+        try:
+            for _ in range(tries):
                 fut: asyncio.Future[bytes] = loop.create_future()
-                self._pending[tid] = fut
-                # A timer handle, not asyncio.wait_for: no task per request on the hot path.
-                timer = loop.call_later(tmo, _expire, fut)
+
+                def on_reply(m: bytes, fut: asyncio.Future[bytes] = fut) -> None:
+                    if not fut.done():
+                        fut.set_result(m)
+
+                def on_expire(fut: asyncio.Future[bytes] = fut) -> None:
+                    if not fut.done():
+                        fut.set_exception(_Expired())
+
+                cancel = self._launch(mad, route, on_reply, on_expire, tmo)
                 try:
-                    self.stats.sent += 1
-                    if attempt:
-                        self.stats.retries += 1
-                    self._post(bytes(buf), route)
                     return await fut
                 except _Expired:
+                    self.stats.retries += 1
                     continue
                 finally:
-                    timer.cancel()
-                    self._pending.pop(tid, None)
+                    cancel()
+        finally:
+            self._release()
+        self.stats.retries -= 1  # the last expiry was not followed by a retry
         self.stats.timeouts += 1
         raise MadTimeout(route, _ATTR.unpack_from(mad, 16)[0], tries)
+
+    async def send_many(
+        self,
+        requests: Sequence[tuple[bytes, Route]],
+        *,
+        timeout: float | None = None,
+        retries: int | None = None,
+        raise_first: bool = False,
+    ) -> list[bytes]:
+        """Send every request under the window; answers in request order.
+
+        An entry that timed out after all retries (or could not be posted)
+        holds the exception instead of bytes, unless ``raise_first``, which
+        raises the first such exception once the batch is done. Use
+        :func:`is_answer` to tell them apart.
+        """
+        if self._closed:
+            raise TransportError("transport is closed")
+        n = len(requests)
+        results: list[Any] = [None] * n
+        if n == 0:
+            return results
+        tmo = self.timeout if timeout is None else timeout
+        tries = 1 + (self.retries if retries is None else retries)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        state = {"next": 0, "left": n}
+        cancels: dict[int, Callable[[], None]] = {}
+
+        def finish(i: int, value: Any) -> None:
+            cancels.pop(i, None)
+            results[i] = value
+            self._release()
+            state["left"] -= 1
+            if state["left"] == 0 and not done.done():
+                done.set_result(None)
+
+        def attempt(i: int, k: int) -> None:
+            mad, route = requests[i]
+            if done.done():
+                return
+
+            def on_reply(m: bytes) -> None:
+                finish(i, m)
+
+            def on_expire() -> None:
+                cancels.pop(i, None)
+                if k + 1 < tries:
+                    self.stats.retries += 1
+                    attempt(i, k + 1)
+                else:
+                    self.stats.timeouts += 1
+                    finish(i, MadTimeout(route, _ATTR.unpack_from(mad, 16)[0], tries))
+
+            try:
+                cancels[i] = self._launch(mad, route, on_reply, on_expire, tmo)
+            except IbfmError as e:
+                finish(i, e)
+            except (ValueError, OSError) as e:
+                finish(i, TransportError(f"{describe_route(route)}: cannot send: {e}"))
+
+        def start_next() -> bool:
+            """Launch the next request on a slot we hold; False if none is left."""
+            i = state["next"]
+            if i >= n or done.done():
+                return False
+            state["next"] = i + 1
+            attempt(i, 0)
+            return True
+
+        def waiter() -> bool:
+            # Called by _release with a slot handed over; keeps one place in the queue.
+            if not start_next():
+                return False
+            if state["next"] < n:
+                self._waiters.append(waiter)
+            return True
+
+        def want_slots() -> None:
+            while state["next"] < n and self._try_take():
+                start_next()
+            if state["next"] < n:
+                self._waiters.append(waiter)
+
+        def forget(_: asyncio.Future[None]) -> None:
+            self._batches.discard(done)
+
+        self._batches.add(done)
+        done.add_done_callback(forget)
+        want_slots()
+        try:
+            await done
+        except asyncio.CancelledError:
+            for c in list(cancels.values()):
+                c()
+            for _ in range(len(cancels)):
+                self._release()
+            raise
+        if raise_first:
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        return results
 
     def _alloc_tid(self) -> int:
         tid = self._next_tid
@@ -167,7 +349,8 @@ class WindowedTransport(ABC):
         if self._closed:
             return
         self._closed = True
-        for fut in self._pending.values():
+        self._pending.clear()
+        for fut in list(self._batches):
             if not fut.done():
                 fut.cancel()
         await self._close()
@@ -177,3 +360,8 @@ class WindowedTransport(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def is_answer(result: bytes | BaseException) -> bool:
+    """Whether an entry of :meth:`WindowedTransport.send_many` is a MAD (not an error)."""
+    return isinstance(result, bytes)
