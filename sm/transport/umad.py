@@ -1,0 +1,656 @@
+"""The real transport: MADs through libibumad (``/dev/infiniband/umadN``) via ctypes.
+
+One port, three agents on it: SubnMgt directed route (class 0x81) and LID
+routed (0x01) on QP0, PerfMgt (0x04, version 1) on QP1; the LID-routed agent
+also takes unsolicited Trap MADs (trap 128 and friends arrive as
+LID-routed SubnTrap). Sends go out with kernel timeout 0 and no kernel
+retries: :class:`~sm.transport.base.WindowedTransport` owns the window,
+timeouts, retries and TID matching. A receive thread sits in
+``umad_recv`` with a short timeout (so it can stop) and hands MADs to the
+event loop, several per wake-up when they queue up. ``issm=True`` holds the
+port's ``issmN`` device open, which raises PortInfo.CapabilityMask.IsSM as
+a master SM does (ibsim delivers traps only to such a client).
+
+Under ibsim the same code runs with ``LD_PRELOAD=libumad2sim.so`` set when
+the process starts; libumad2sim fakes the device and sysfs underneath
+libibumad, so nothing here knows about the simulator.
+
+Only libibumad.so.3 (Debian/Ubuntu ``libibumad3``, rdma-core) is needed at
+run time; the structure layouts below mirror rdma-core's ``umad.h``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sm.transport.base import Route, TransportError, WindowedTransport
+
+log = logging.getLogger(__name__)
+
+MAD_SIZE = 256
+PERMISSIVE_LID = 0xFFFF
+GSI_QKEY = 0x80010000
+
+MGMT_CLASS_SUBN_LID = 0x01
+MGMT_CLASS_PERF = 0x04
+MGMT_CLASS_SUBN_DR = 0x81
+
+METHOD_TRAP = 0x05
+
+PORT_STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE"}
+PORT_ACTIVE = 4
+PORT_INIT = 2
+
+_RECV_POLL_MS = 100
+_RECV_BATCH = 64
+_CA_NAME_LEN = 20
+_MAX_CAS = 32
+_CA_MAX_PORTS = 10
+
+
+# -- rdma-core umad.h layouts (ABI of libibumad.so.3) -------------------------
+
+
+class _MadAddr(ctypes.Structure):
+    """``struct ib_mad_addr`` (44 bytes, 4-byte aligned)."""
+
+    _fields_ = [
+        ("qpn", ctypes.c_uint32),  # network order
+        ("qkey", ctypes.c_uint32),  # network order
+        ("lid", ctypes.c_uint16),  # network order
+        ("sl", ctypes.c_uint8),
+        ("path_bits", ctypes.c_uint8),
+        ("grh_present", ctypes.c_uint8),
+        ("gid_index", ctypes.c_uint8),
+        ("hop_limit", ctypes.c_uint8),
+        ("traffic_class", ctypes.c_uint8),
+        ("gid", ctypes.c_uint8 * 16),
+        ("flow_label", ctypes.c_uint32),
+        ("pkey_index", ctypes.c_uint16),
+        ("reserved", ctypes.c_uint8 * 6),
+    ]
+
+
+class _UmadPort(ctypes.Structure):
+    """``umad_port_t`` (112 bytes on LP64)."""
+
+    _fields_ = [
+        ("ca_name", ctypes.c_char * _CA_NAME_LEN),
+        ("portnum", ctypes.c_int),
+        ("base_lid", ctypes.c_uint),
+        ("lmc", ctypes.c_uint),
+        ("sm_lid", ctypes.c_uint),
+        ("sm_sl", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+        ("phys_state", ctypes.c_uint),
+        ("rate", ctypes.c_uint),
+        ("capmask", ctypes.c_uint32),  # network order
+        ("gid_prefix", ctypes.c_uint64),  # network order
+        ("port_guid", ctypes.c_uint64),  # network order
+        ("pkeys_size", ctypes.c_uint),
+        ("pkeys", ctypes.POINTER(ctypes.c_uint16)),
+        ("link_layer", ctypes.c_char * _CA_NAME_LEN),
+    ]
+
+
+class _UmadCa(ctypes.Structure):
+    """``umad_ca_t`` (208 bytes on LP64)."""
+
+    _fields_ = [
+        ("ca_name", ctypes.c_char * _CA_NAME_LEN),
+        ("node_type", ctypes.c_uint),
+        ("numports", ctypes.c_int),
+        ("fw_ver", ctypes.c_char * 20),
+        ("ca_type", ctypes.c_char * 40),
+        ("hw_ver", ctypes.c_char * 20),
+        ("node_guid", ctypes.c_uint64),  # network order
+        ("system_guid", ctypes.c_uint64),  # network order
+        ("ports", ctypes.POINTER(_UmadPort) * _CA_MAX_PORTS),
+    ]
+
+
+_USER_MAD_HDR = 20 + ctypes.sizeof(_MadAddr)  # struct ib_user_mad before data[]
+assert ctypes.sizeof(_MadAddr) == 44 and _USER_MAD_HDR == 64
+assert ctypes.sizeof(_UmadPort) == 112 and ctypes.sizeof(_UmadCa) == 208
+
+_MethodMask = ctypes.c_long * (16 // ctypes.sizeof(ctypes.c_long))
+
+
+def _be64(value: int) -> int:
+    """A network-order 64-bit field as read through ctypes, in host order."""
+    return int.from_bytes(value.to_bytes(8, sys.byteorder), "big")
+
+
+def _be32(value: int) -> int:
+    return int.from_bytes(value.to_bytes(4, sys.byteorder), "big")
+
+
+def _be16(value: int) -> int:
+    return int.from_bytes(value.to_bytes(2, sys.byteorder), "big")
+
+
+def _method_mask(*methods: int) -> _MethodMask:
+    """A 128-bit method mask as libibumad wants it (bit n of long n//64)."""
+    mask = _MethodMask()
+    bits = ctypes.sizeof(ctypes.c_long) * 8
+    for m in methods:
+        mask[m // bits] |= 1 << (m % bits)
+    return mask
+
+
+def _err(rc: int) -> str:
+    code = -rc if rc < 0 else rc
+    return f"{errno.errorcode.get(code, str(code))} ({os.strerror(code)})"
+
+
+# -- the library --------------------------------------------------------------
+
+_lib_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+LIBIBUMAD_NAMES = ("libibumad.so.3",)
+
+
+def load_libibumad(names: Sequence[str] | None = None) -> ctypes.CDLL:
+    """Load libibumad.so.3 once and declare the prototypes we call.
+
+    ``names`` overrides the library names tried (and bypasses the cache).
+    """
+    global _lib
+    with _lib_lock:
+        if _lib is not None and names is None:
+            return _lib
+        candidates = list(LIBIBUMAD_NAMES if names is None else names)
+        if names is None:
+            found = ctypes.util.find_library("ibumad")
+            if found and found not in candidates:
+                candidates.append(found)
+        lib = None
+        errors = []
+        for name in candidates:
+            try:
+                lib = ctypes.CDLL(name, use_errno=True)
+                break
+            except OSError as exc:
+                errors.append(str(exc))
+        if lib is None:
+            raise TransportError(
+                "libibumad not found (install libibumad3 from rdma-core): " + "; ".join(errors)
+            )
+        c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
+        protos: dict[str, tuple[object, list[object]]] = {
+            "umad_init": (c_int, []),
+            "umad_done": (c_int, []),
+            "umad_get_cas_names": (c_int, [c_void_p, c_int]),
+            "umad_get_ca": (c_int, [c_char_p, ctypes.POINTER(_UmadCa)]),
+            "umad_release_ca": (c_int, [ctypes.POINTER(_UmadCa)]),
+            "umad_get_port": (c_int, [c_char_p, c_int, ctypes.POINTER(_UmadPort)]),
+            "umad_release_port": (c_int, [ctypes.POINTER(_UmadPort)]),
+            "umad_get_issm_path": (c_int, [c_char_p, c_int, c_char_p, c_int]),
+            "umad_open_port": (c_int, [c_char_p, c_int]),
+            "umad_close_port": (c_int, [c_int]),
+            "umad_size": (ctypes.c_size_t, []),
+            "umad_get_mad": (c_void_p, [c_void_p]),
+            "umad_status": (c_int, [c_void_p]),
+            "umad_get_mad_addr": (ctypes.POINTER(_MadAddr), [c_void_p]),
+            "umad_set_addr": (c_int, [c_void_p, c_int, c_int, c_int, c_int]),
+            "umad_set_pkey": (c_int, [c_void_p, c_int]),
+            "umad_send": (c_int, [c_int, c_int, c_void_p, c_int, c_int, c_int]),
+            "umad_recv": (c_int, [c_int, c_void_p, ctypes.POINTER(c_int), c_int]),
+            "umad_register": (c_int, [c_int, c_int, c_int, ctypes.c_uint8, ctypes.POINTER(_MethodMask)]),
+            "umad_unregister": (c_int, [c_int, c_int]),
+        }
+        for fname, (restype, argtypes) in protos.items():
+            try:
+                fn = getattr(lib, fname)
+            except AttributeError as exc:
+                raise TransportError(f"libibumad lacks {fname}: too old a libibumad") from exc
+            fn.restype = restype
+            fn.argtypes = argtypes
+        if names is None:
+            _lib = lib
+        return lib
+
+
+# -- what we tell callers ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PortAttrs:
+    """What sysfs says about a local port (via umad_get_port)."""
+
+    ca_name: str
+    port_num: int
+    state: int
+    phys_state: int
+    base_lid: int
+    lmc: int
+    sm_lid: int
+    sm_sl: int
+    capmask: int
+    gid_prefix: int
+    port_guid: int
+    link_layer: str
+
+    @property
+    def state_name(self) -> str:
+        return PORT_STATE_NAMES.get(self.state, str(self.state))
+
+
+@dataclass(frozen=True)
+class MadAddress:
+    """Where an unsolicited MAD came from (``umad_get_mad_addr``)."""
+
+    lid: int
+    qpn: int
+    qkey: int
+    sl: int
+    pkey_index: int
+
+
+def _port_attrs(p: _UmadPort) -> PortAttrs:
+    return PortAttrs(
+        ca_name=p.ca_name.decode(errors="replace"),
+        port_num=p.portnum,
+        state=p.state,
+        phys_state=p.phys_state,
+        base_lid=p.base_lid,
+        lmc=p.lmc,
+        sm_lid=p.sm_lid,
+        sm_sl=p.sm_sl,
+        capmask=_be32(p.capmask),
+        gid_prefix=_be64(p.gid_prefix),
+        port_guid=_be64(p.port_guid),
+        link_layer=p.link_layer.decode(errors="replace"),
+    )
+
+
+def list_ports(lib: ctypes.CDLL | None = None) -> list[PortAttrs]:
+    """Every local IB port of every CA, in libibumad's CA order then port order."""
+    lib = lib or load_libibumad()
+    names_buf = (ctypes.c_char * (_CA_NAME_LEN * _MAX_CAS))()
+    n = lib.umad_get_cas_names(names_buf, _MAX_CAS)
+    if n < 0:
+        raise TransportError(f"umad_get_cas_names failed: {_err(n)}")
+    out: list[PortAttrs] = []
+    for i in range(n):
+        raw = bytes(names_buf[i * _CA_NAME_LEN : (i + 1) * _CA_NAME_LEN])
+        name = raw.split(b"\0", 1)[0]
+        ca = _UmadCa()
+        rc = lib.umad_get_ca(name, ctypes.byref(ca))
+        if rc < 0:
+            # libibumad names a default CA (mthca0) when there is none at all
+            log.debug("umad_get_ca(%s) failed: %s", name.decode(), _err(rc))
+            continue
+        try:
+            for slot in range(_CA_MAX_PORTS):
+                ptr = ca.ports[slot]
+                if ptr:
+                    out.append(_port_attrs(ptr.contents))
+        finally:
+            lib.umad_release_ca(ctypes.byref(ca))
+    return out
+
+
+def choose_port(ports: list[PortAttrs], ca: str | None, port: int | None) -> PortAttrs:
+    """The port to use: as named, else the first ACTIVE one, else the first with its link up.
+
+    Ports of an unconfigured fabric sit in INIT (LinkUp) until an SM brings
+    them up, so INIT and ARMED ports are acceptable when none is ACTIVE.
+    """
+    if not ports:
+        raise TransportError("no InfiniBand device found (no CA in /sys/class/infiniband)")
+    cands = [p for p in ports if ca is None or p.ca_name == ca]
+    if not cands:
+        names = sorted({p.ca_name for p in ports})
+        raise TransportError(f"CA {ca!r} not found; CAs present: {', '.join(names)}")
+    if port is not None:
+        cands = [p for p in cands if p.port_num == port]
+        if not cands:
+            raise TransportError(f"port {port} not found on CA {ca or ports[0].ca_name}")
+        return cands[0]
+    ib = [p for p in cands if p.link_layer in ("", "InfiniBand", "IB")] or cands
+    for p in ib:
+        if p.state == PORT_ACTIVE:
+            return p
+    for p in ib:
+        if p.state >= PORT_INIT:
+            return p
+    seen = ", ".join(f"{p.ca_name}/{p.port_num} {p.state_name}" for p in cands)
+    raise TransportError(f"no port with its link up: {seen}")
+
+
+# -- the transport -------------------------------------------------------------
+
+
+class UmadTransport(WindowedTransport):
+    """MADs over a local HCA or switch port through libibumad.
+
+    ``await UmadTransport.open(ca, port)`` or ``UmadTransport(...)`` then
+    ``start()`` from inside the event loop. Without ``ca``/``port`` it takes
+    the first ACTIVE port, else the first with its link up (INIT before an
+    SM runs). With ``issm=True`` the port's IsSM capability bit is raised.
+    """
+
+    def __init__(
+        self,
+        ca: str | None = None,
+        port: int | None = None,
+        *,
+        window: int = 16,
+        timeout: float = 0.2,
+        retries: int = 3,
+        issm: bool = False,
+    ) -> None:
+        super().__init__(window=window, timeout=timeout, retries=retries)
+        self._want_ca = ca
+        self._want_port = port
+        self._want_issm = issm
+        self._lib: ctypes.CDLL | None = None
+        self._inited = False
+        self._portid = -1
+        self._issm_fd = -1
+        self._libc: ctypes.CDLL | None = None
+        self._agents: dict[int, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._send_buf: ctypes.Array[ctypes.c_char] | None = None
+        self._send_data = 0
+        self._trap_sources: OrderedDict[bytes, MadAddress] = OrderedDict()
+        self.rx_errors = 0
+        self.attrs: PortAttrs | None = None
+
+    # -- lifetime ---------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        ca: str | None = None,
+        port: int | None = None,
+        *,
+        window: int = 16,
+        timeout: float = 0.2,
+        retries: int = 3,
+        issm: bool = False,
+    ) -> UmadTransport:
+        """Open the port, register the agents and start receiving."""
+        t = cls(ca, port, window=window, timeout=timeout, retries=retries, issm=issm)
+        t.start()
+        return t
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Open the device and start the receive thread; replies go to ``loop`` (default: the running one)."""
+        if self._thread is not None:
+            raise TransportError("transport already started")
+        if self._closed:
+            raise TransportError("transport is closed")
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise TransportError("UmadTransport.start() needs a running event loop or loop=") from None
+        self._loop = loop
+        try:
+            self._open_device()
+        except BaseException:
+            self._release_device()
+            raise
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._rx_loop, name=f"umad-rx-{self.ca_name}/{self.port_num}", daemon=True
+        )
+        self._thread.start()
+
+    def _open_device(self) -> None:
+        lib = self._lib = load_libibumad()
+        rc = lib.umad_init()
+        if rc < 0:
+            raise TransportError(f"umad_init failed: {_err(rc)} (is ib_umad loaded?)")
+        self._inited = True
+        attrs = choose_port(list_ports(lib), self._want_ca, self._want_port)
+        self.attrs = attrs
+        where = f"{attrs.ca_name} port {attrs.port_num}"
+        portid = lib.umad_open_port(attrs.ca_name.encode(), attrs.port_num)
+        if portid < 0:
+            hint = ""
+            if -portid == errno.EACCES:
+                hint = " (run as root or grant access to /dev/infiniband/umad*)"
+            raise TransportError(f"umad_open_port {where} failed: {_err(portid)}{hint}")
+        self._portid = portid
+        if self._want_issm:
+            self._open_issm(attrs)
+        # One agent per class, as OpenSM binds them. Responses come back to the agent
+        # by TID; the LID-routed SMP agent also takes unsolicited SubnTrap (trap 128 ...).
+        for mclass, mask in (
+            (MGMT_CLASS_SUBN_DR, None),
+            (MGMT_CLASS_SUBN_LID, _method_mask(METHOD_TRAP)),
+            (MGMT_CLASS_PERF, None),
+        ):
+            self._agents[mclass] = self._register(mclass, 1, mask, where)
+        self._send_buf = ctypes.create_string_buffer(lib.umad_size() + MAD_SIZE)
+        self._send_data = lib.umad_get_mad(self._send_buf)
+
+    def _open_issm(self, attrs: PortAttrs) -> None:
+        assert self._lib is not None
+        path = ctypes.create_string_buffer(256)
+        rc = self._lib.umad_get_issm_path(attrs.ca_name.encode(), attrs.port_num, path, len(path))
+        if rc < 0:
+            raise TransportError(f"no issm device for {attrs.ca_name} port {attrs.port_num}: {_err(rc)}")
+        # Through libc's open() by name: CPython's os.open uses open64/openat, which
+        # libumad2sim does not wrap, and ibsim only sends traps to an IsSM client.
+        # O_NONBLOCK: the kernel would otherwise wait until the SM holding it lets go.
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.open(path.value, os.O_RDWR | os.O_NONBLOCK)
+        if fd < 0:
+            err = ctypes.get_errno()
+            busy = " (another SM holds this port)" if err in (errno.EAGAIN, errno.EBUSY) else ""
+            raise TransportError(f"cannot open {path.value.decode()}: {os.strerror(err)}{busy}")
+        self._issm_fd = fd
+        self._libc = libc
+
+    def _register(self, mclass: int, version: int, mask: _MethodMask | None, where: str) -> int:
+        assert self._lib is not None
+        ref = ctypes.byref(mask) if mask is not None else None
+        agent = self._lib.umad_register(self._portid, mclass, version, 0, ref)
+        if agent < 0:
+            busy = " (another SM or agent already holds these methods on this port?)" if mask else ""
+            raise TransportError(
+                f"umad_register class {mclass:#04x} version {version} on {where} failed: {_err(agent)}{busy}"
+            )
+        return agent
+
+    async def _close(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            self._stop.set()
+            # Poll rather than join in an executor: no helper thread outlives close().
+            for _ in range(int(2.0 / 0.01)):
+                if not thread.is_alive():
+                    break
+                await asyncio.sleep(0.01)
+        self._release_device()
+
+    def _release_device(self) -> None:
+        """Unregister agents, close the port and issm device, umad_done; safe to call twice."""
+        thread = self._thread
+        if thread is not None:
+            self._stop.set()
+            thread.join(2.0)
+            if thread.is_alive():
+                log.error("umad receive thread did not stop; leaving port %d open", self._portid)
+                return
+            self._thread = None
+        lib = self._lib
+        if lib is None:
+            return
+        for agent in self._agents.values():
+            rc = lib.umad_unregister(self._portid, agent)
+            if rc < 0:
+                log.warning("umad_unregister agent %d: %s", agent, _err(rc))
+        self._agents.clear()
+        if self._issm_fd >= 0 and self._libc is not None:
+            self._libc.close(self._issm_fd)
+            self._issm_fd = -1
+        if self._portid >= 0:
+            lib.umad_close_port(self._portid)
+            self._portid = -1
+        if self._inited:
+            lib.umad_done()
+            self._inited = False
+        self._send_buf = None
+
+    def close_sync(self) -> None:
+        """Close without an event loop (e.g. at interpreter exit)."""
+        self._closed = True
+        self._release_device()
+
+    # -- what the port is -------------------------------------------------------
+
+    def _need_attrs(self) -> PortAttrs:
+        if self.attrs is None:
+            raise TransportError("transport not started")
+        return self.attrs
+
+    @property
+    def ca_name(self) -> str:
+        return self._need_attrs().ca_name
+
+    @property
+    def port_num(self) -> int:
+        return self._need_attrs().port_num
+
+    @property
+    def port_guid(self) -> int:
+        return self._need_attrs().port_guid
+
+    @property
+    def local_lid(self) -> int:
+        return self._need_attrs().base_lid
+
+    @property
+    def sm_lid(self) -> int:
+        return self._need_attrs().sm_lid
+
+    def refresh(self) -> PortAttrs:
+        """Re-read the port's LID, SM LID and state from sysfs (they change once an SM runs)."""
+        attrs = self._need_attrs()
+        lib = self._lib or load_libibumad()
+        p = _UmadPort()
+        rc = lib.umad_get_port(attrs.ca_name.encode(), attrs.port_num, ctypes.byref(p))
+        if rc < 0:
+            raise TransportError(f"umad_get_port {attrs.ca_name} port {attrs.port_num}: {_err(rc)}")
+        try:
+            self.attrs = _port_attrs(p)
+        finally:
+            lib.umad_release_port(ctypes.byref(p))
+        return self.attrs
+
+    def trap_source(self, mad: bytes) -> MadAddress | None:
+        """Source address (LID, QP, SL) of an unsolicited MAD returned by ``next_trap``."""
+        return self._trap_sources.get(mad)
+
+    # -- wire -----------------------------------------------------------------
+
+    def post(self, mad: bytes, route: Route) -> None:
+        """Send a MAD that gets no answer (a TrapRepress), as is: no TID, window or retry."""
+        if self._closed:
+            raise TransportError("transport is closed")
+        self.stats.sent += 1
+        self._post(mad, route)
+
+    def _post(self, mad: bytes, route: Route) -> None:
+        lib, buf = self._lib, self._send_buf
+        if lib is None or buf is None or self._portid < 0:
+            raise TransportError("transport not started")
+        if len(mad) > MAD_SIZE or len(mad) < 24:
+            raise ValueError(f"MAD of {len(mad)} bytes; expected 24..{MAD_SIZE}")
+        mclass = mad[1]
+        agent = self._agents.get(mclass, -1)
+        if mclass == MGMT_CLASS_SUBN_DR:
+            if isinstance(route, int):
+                raise ValueError(f"directed-route SMP needs a path, got LID {route}")
+            if mad[7] != len(route):
+                raise ValueError(f"DR SMP hop count {mad[7]} does not match path {list(route)}")
+            dlid, dqp, qkey = PERMISSIVE_LID, 0, 0
+        elif not isinstance(route, int):
+            raise ValueError(f"class {mclass:#04x} MAD needs a destination LID, got path {list(route)}")
+        elif mclass == MGMT_CLASS_SUBN_LID:
+            dlid, dqp, qkey = route, 0, 0
+        elif mclass == MGMT_CLASS_PERF:
+            dlid, dqp, qkey = route, 1, GSI_QKEY
+        else:
+            raise ValueError(f"management class {mclass:#04x} is not registered on this transport")
+        # The header was zeroed at allocation; umad_set_addr and umad_send rewrite
+        # every field they use (address, agent, timeout, retries) on each send.
+        lib.umad_set_addr(buf, dlid, dqp, 0, qkey)
+        ctypes.memmove(self._send_data, mad, len(mad))
+        if len(mad) < MAD_SIZE:
+            ctypes.memset(self._send_data + len(mad), 0, MAD_SIZE - len(mad))
+        rc = lib.umad_send(self._portid, agent, buf, MAD_SIZE, 0, 0)
+        if rc < 0:
+            raise TransportError(f"umad_send on {self.ca_name}/{self.port_num} failed: {_err(rc)}")
+
+    def _rx_loop(self) -> None:
+        """Receive thread: umad_recv with a short timeout until told to stop.
+
+        After one MAD it drains whatever else is queued (timeout 0) and hands the
+        batch to the event loop in one wake-up.
+        """
+        lib = self._lib
+        loop = self._loop
+        assert lib is not None and loop is not None
+        buf = ctypes.create_string_buffer(lib.umad_size() + MAD_SIZE)
+        data = lib.umad_get_mad(buf)
+        length = ctypes.c_int()
+        portid = self._portid
+        batch: list[tuple[bytes, MadAddress | None]] = []
+        while not self._stop.is_set():
+            length.value = MAD_SIZE
+            rc = lib.umad_recv(portid, buf, ctypes.byref(length), 0 if batch else _RECV_POLL_MS)
+            if rc >= 0 and lib.umad_status(buf) == 0:
+                n = min(max(length.value, 0), MAD_SIZE)
+                mad = ctypes.string_at(data, n)
+                src = None
+                if n >= 4 and not mad[3] & 0x80:  # a request: a trap, note who sent it
+                    a = lib.umad_get_mad_addr(buf).contents
+                    src = MadAddress(_be16(a.lid), _be32(a.qpn), _be32(a.qkey), a.sl, a.pkey_index)
+                batch.append((mad, src))
+                if len(batch) < _RECV_BATCH:
+                    continue
+            elif rc >= 0:
+                pass  # a send the kernel gave back (status set, e.g. no path): nothing came in
+            elif rc in (-errno.ETIMEDOUT, -errno.EINTR, -errno.EAGAIN):
+                pass
+            elif rc == -errno.ENOSPC:  # an RMPP answer bigger than a MAD; not ours to take
+                self.rx_errors += 1
+            else:
+                self.rx_errors += 1
+                log.error("umad_recv on %s/%s failed: %s", self.ca_name, self.port_num, _err(rc))
+                if self._stop.wait(0.1):
+                    break
+            if batch:
+                try:
+                    loop.call_soon_threadsafe(self._deliver_batch, batch)
+                except RuntimeError:  # loop closed underneath us
+                    break
+                batch = []
+
+    def _deliver_batch(self, batch: list[tuple[bytes, MadAddress | None]]) -> None:
+        for mad, src in batch:
+            if src is not None:
+                self._trap_sources[mad] = src
+                while len(self._trap_sources) > 1024:
+                    self._trap_sources.popitem(last=False)
+            self._deliver(mad)

@@ -1,0 +1,375 @@
+"""Drive :class:`UmadTransport` against ibsim from a process started with LD_PRELOAD=libumad2sim.so.
+
+libumad2sim must be preloaded when the interpreter starts, so tests/test_umad.py
+runs this file as a subprocess (``python tests/umad_probe.py SCENARIO 'JSON'``,
+``PYTHONPATH`` at the repo root, cwd a scratch directory: libumad2sim builds its
+fake sysfs under ``./sys-PID``). Each scenario prints JSON lines; the last one is
+the result. A scenario that needs the test to act in the middle (unlink a port)
+prints ``{"ready": true}`` and waits for a line on stdin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fabric.ibsim import IbsimProcess
+
+NET_2SW2PATH4HCA2PORT = "/usr/share/doc/ibsim-utils/net-examples/net.2sw2path4hca2port"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_probe(
+    sim: IbsimProcess,
+    cwd: Path,
+    scenario: str,
+    args: dict[str, Any] | None = None,
+    *,
+    sim_host: str | None = None,
+    timeout: float = 60.0,
+) -> dict[str, Any]:
+    """Run one scenario in a fresh LD_PRELOADed interpreter and return its last JSON line.
+
+    ``cwd`` is a scratch directory (libumad2sim writes ``./sys-PID`` there);
+    ``sim_host`` attaches at that ibsim node instead of the net file's first.
+    """
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), scenario, json.dumps(args or {})],
+        env=probe_env(sim, sim_host),
+        cwd=cwd,
+        capture_output=True,
+        timeout=timeout,
+        text=True,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"probe {scenario} exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def probe_env(sim: IbsimProcess, sim_host: str | None = None) -> dict[str, str]:
+    """The simulator's client environment plus PYTHONPATH at the repo root."""
+    env = sim.env(sim_host=sim_host)
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+# -- scenarios (run inside the LD_PRELOADed process) ---------------------------
+
+
+def _path(p: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(x) for x in p)
+
+
+async def _open(args: dict[str, Any]) -> Any:
+    from sm.transport.umad import UmadTransport
+
+    return await UmadTransport.open(
+        args.get("ca"),
+        args.get("port"),
+        window=args.get("window", 16),
+        timeout=args.get("timeout", 1.0),
+        retries=args.get("retries", 3),
+        issm=args.get("issm", False),
+    )
+
+
+def _info(t: Any) -> dict[str, Any]:
+    return {
+        "ca_name": t.ca_name,
+        "port_num": t.port_num,
+        "port_guid": t.port_guid,
+        "local_lid": t.local_lid,
+        "sm_lid": t.sm_lid,
+    }
+
+
+async def _get(t: Any, attr: int, path: tuple[int, ...], mod: int = 0) -> Any:
+    from fabric.mad import Method, parse_mad, smp_dr
+
+    return parse_mad(await t.send(smp_dr(Method.GET, attr, mod, 0, path), path))
+
+
+async def _set(t: Any, attr: int, path: tuple[int, ...], mod: int, data: bytes) -> Any:
+    from fabric.mad import Method, parse_mad, smp_dr
+
+    return parse_mad(await t.send(smp_dr(Method.SET, attr, mod, 0, path, data), path))
+
+
+async def scenario_query(args: dict[str, Any]) -> dict[str, Any]:
+    """NodeInfo for each DR path in ``paths``, PortInfo for each ``[path, port]`` in ``ports``."""
+    from fabric.mad import NODE_INFO, PORT_INFO, SmpAttr
+
+    t = await _open(args)
+    try:
+        nodes = []
+        for p in args.get("paths", []):
+            m = await _get(t, SmpAttr.NODE_INFO, _path(p))
+            ni = NODE_INFO.unpack(m.data)
+            nodes.append({"path": list(p), "status": m.status, "tid": m.tid, **_jsonable(ni)})
+        ports = []
+        for p, port in args.get("ports", []):
+            m = await _get(t, SmpAttr.PORT_INFO, _path(p), port)
+            pi = PORT_INFO.unpack(m.data)
+            ports.append({"path": list(p), "port": port, "status": m.status, **_jsonable(pi)})
+        return {"info": _info(t), "nodes": nodes, "ports": ports, "stats": vars(t.stats)}
+    finally:
+        await t.close()
+
+
+async def scenario_burst(args: dict[str, Any]) -> dict[str, Any]:
+    """``count`` concurrent NodeInfo SMPs over ``paths`` with window ``window``; checks every answer."""
+    from fabric.mad import NODE_INFO, Method, SmpAttr, parse_mad, smp_dr
+
+    t = await _open(args)
+    try:
+        paths = [_path(p) for p in args["paths"]]
+        count = int(args["count"])
+        expect = {p: NODE_INFO.unpack((await _get(t, SmpAttr.NODE_INFO, p)).data)["PortGUID"] for p in paths}
+        in_flight = 0
+        post = t._post
+
+        def counting_post(mad: bytes, route: Any) -> None:
+            nonlocal in_flight
+            in_flight = max(in_flight, len(t._pending))  # requests on the wire, this one included
+            post(mad, route)
+
+        t._post = counting_post
+
+        async def one(i: int) -> bool:
+            p = paths[i % len(paths)]
+            m = parse_mad(await t.send(smp_dr(Method.GET, SmpAttr.NODE_INFO, 0, 0, p), p))
+            return m.status == 0 and NODE_INFO.unpack(m.data)["PortGUID"] == expect[p]
+
+        t0 = time.perf_counter()
+        ok = await asyncio.gather(*(one(i) for i in range(count)))
+        elapsed = time.perf_counter() - t0
+        return {
+            "answered": len(ok),
+            "correct": sum(ok),
+            "elapsed": elapsed,
+            "rate": count / elapsed,
+            "in_flight_max": in_flight,
+            "stats": vars(t.stats),
+        }
+    finally:
+        await t.close()
+
+
+async def scenario_rate(args: dict[str, Any]) -> dict[str, Any]:
+    """SMPs per second for each window in ``windows``: ``count`` NodeInfo Gets as concurrent
+    ``send`` calls, then as one ``send_many`` batch."""
+    from fabric.mad import Method, SmpAttr, smp_dr
+
+    out = {}
+    paths = [_path(p) for p in args["paths"]]
+    mads = [(smp_dr(Method.GET, SmpAttr.NODE_INFO, 0, 0, p), p) for p in paths]
+    for w in args["windows"]:
+        t = await _open({**args, "window": w})
+        try:
+            count = int(args["count"])
+            await asyncio.gather(*(t.send(*mads[i % len(mads)]) for i in range(min(count, 200))))  # warm up
+            t0 = time.perf_counter()
+            await asyncio.gather(*(t.send(*mads[i % len(mads)]) for i in range(count)))
+            rate = count / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            answers = await t.send_many([mads[i % len(mads)] for i in range(count)])
+            rate_many = count / (time.perf_counter() - t0)
+            out[str(w)] = {
+                "rate": rate,
+                "rate_many": rate_many,
+                "answered": sum(isinstance(a, bytes) for a in answers),
+                "retries": t.stats.retries,
+            }
+        finally:
+            await t.close()
+    return out
+
+
+async def scenario_timeout(args: dict[str, Any]) -> dict[str, Any]:
+    """A DR path out of an unconnected port: MadTimeout after 1 + retries attempts."""
+    from sm.transport.base import MadTimeout
+
+    t = await _open(args)
+    try:
+        t0 = time.perf_counter()
+        try:
+            await _get(t, 0x11, _path(args["path"]))
+        except MadTimeout as exc:
+            return {
+                "timeout": True,
+                "message": str(exc),
+                "elapsed": time.perf_counter() - t0,
+                "stats": vars(t.stats),
+            }
+        return {"timeout": False, "stats": vars(t.stats)}
+    finally:
+        await t.close()
+
+
+async def scenario_lossy(args: dict[str, Any]) -> dict[str, Any]:
+    """``count`` NodeInfo Gets along ``path`` while ibsim drops some; counts answers and retries."""
+    from fabric.mad import NODE_INFO, SmpAttr
+    from sm.transport.base import MadTimeout
+
+    t = await _open(args)
+    try:
+        p = _path(args["path"])
+
+        async def one() -> int | None:
+            try:
+                m = await _get(t, SmpAttr.NODE_INFO, p)
+            except MadTimeout:
+                return None
+            return int(NODE_INFO.unpack(m.data)["NodeGUID"])
+
+        guids = await asyncio.gather(*(one() for _ in range(int(args["count"]))))
+        return {
+            "answered": sum(g is not None for g in guids),
+            "guids": sorted({g for g in guids if g is not None}),
+            "stats": vars(t.stats),
+        }
+    finally:
+        await t.close()
+
+
+async def scenario_lid(args: dict[str, Any]) -> dict[str, Any]:
+    """Give our own switch LID ``lid`` by DR, then NodeInfo by LID-routed SMP and PortCounters by PerfMgt."""
+    from fabric.mad import (
+        NODE_INFO,
+        PORT_COUNTERS,
+        PORT_INFO,
+        Method,
+        PerfAttr,
+        SmpAttr,
+        parse_mad,
+        perf_mad,
+        smp_lid,
+    )
+
+    t = await _open(args)
+    try:
+        lid = int(args["lid"])
+        pi = bytearray((await _get(t, SmpAttr.PORT_INFO, ())).data)
+        PORT_INFO.put(pi, "LID", lid)
+        PORT_INFO.put(pi, "MasterSMLID", lid)
+        PORT_INFO.put(pi, "PortState", 0)  # NoChange
+        PORT_INFO.put(pi, "PortPhysicalState", 0)
+        m = await _set(t, SmpAttr.PORT_INFO, (), 0, bytes(pi))
+        set_lid = PORT_INFO.unpack(m.data)["LID"]
+        m = parse_mad(await t.send(smp_lid(Method.GET, SmpAttr.NODE_INFO, 0, 0), lid))
+        node = _jsonable(NODE_INFO.unpack(m.data))
+        pc_req = PORT_COUNTERS.pack({"PortSelect": int(args["perf_port"]), "CounterSelect": 0})
+        m = parse_mad(await t.send(perf_mad(Method.GET, PerfAttr.PORT_COUNTERS, 0, 0, pc_req), lid))
+        pc = _jsonable(PORT_COUNTERS.unpack(m.data))
+        return {"set_lid": set_lid, "node": node, "perf_class": m.mgmt_class, "perf_status": m.status,
+                "counters": pc, "stats": vars(t.stats)}
+    finally:
+        await t.close()
+
+
+async def scenario_trap(args: dict[str, Any]) -> dict[str, Any]:
+    """Become the SM of our switch (LID, MasterSMLID, IsSM), clear PortStateChange, then wait
+    for the trap 128 that follows the test's Unlink."""
+    from fabric.mad import PORT_INFO, SWITCH_INFO, SmpAttr, notice_unpack, parse_mad, trap_repress
+
+    t = await _open({**args, "issm": True})
+    try:
+        lid = int(args["lid"])
+        pi = bytearray((await _get(t, SmpAttr.PORT_INFO, ())).data)
+        cap = PORT_INFO.unpack(pi)["CapabilityMask"]
+        PORT_INFO.put(pi, "LID", lid)
+        PORT_INFO.put(pi, "MasterSMLID", lid)
+        PORT_INFO.put(pi, "PortState", 0)
+        PORT_INFO.put(pi, "PortPhysicalState", 0)
+        await _set(t, SmpAttr.PORT_INFO, (), 0, bytes(pi))
+        si = bytearray((await _get(t, SmpAttr.SWITCH_INFO, ())).data)
+        SWITCH_INFO.put(si, "PortStateChange", 1)  # write 1 to clear
+        after = SWITCH_INFO.unpack((await _set(t, SmpAttr.SWITCH_INFO, (), 0, bytes(si))).data)
+        print(json.dumps({"ready": True, "capmask": cap, "psc": after["PortStateChange"]}), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        raw = await t.next_trap(float(args.get("wait", 5.0)))
+        if raw is None:
+            return {"trap": None, "stats": vars(t.stats)}
+        m = parse_mad(raw)
+        src = t.trap_source(raw)
+        if src is not None and args.get("repress", True):
+            t.post(trap_repress(raw), src.lid)
+        notice = _jsonable(notice_unpack(m.data))
+        return {
+            "trap": {"class": m.mgmt_class, "method": m.method, "attr": m.attr_id, **notice},
+            "source": vars(src) if src else None,
+            "capmask": cap,
+            "stats": vars(t.stats),
+        }
+    finally:
+        await t.close()
+
+
+async def scenario_shutdown(args: dict[str, Any]) -> dict[str, Any]:
+    """Open, query, close, twice over; report the threads alive after each close."""
+    rounds = []
+    for _ in range(2):
+        t = await _open(args)
+        rx = [th.name for th in threading.enumerate() if th.name.startswith("umad-rx")]
+        m = await _get(t, 0x11, ())
+        await t.close()
+        after = [th.name for th in threading.enumerate() if th is not threading.main_thread()]
+        closed_error = ""
+        try:
+            await _get(t, 0x11, ())
+        except Exception as exc:
+            closed_error = f"{type(exc).__name__}: {exc}"
+        rounds.append({"rx_threads": rx, "status": m.status, "threads_after": after, "closed_error": closed_error})
+    return {"rounds": rounds}
+
+
+async def scenario_errors(args: dict[str, Any]) -> dict[str, Any]:
+    """Opening a CA or port that does not exist: TransportError messages."""
+    from sm.transport.base import TransportError
+
+    out = {}
+    for name, kw in (("bad_ca", {"ca": "mlx5_9"}), ("bad_port", {"port": 7})):
+        try:
+            t = await _open(kw)
+        except TransportError as exc:
+            out[name] = str(exc)
+        else:
+            await t.close()
+            out[name] = "opened"
+    out["threads"] = [th.name for th in threading.enumerate() if th is not threading.main_thread()]
+    return out
+
+
+def _jsonable(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _jsonable(v) for k, v in d.items()}
+    if isinstance(d, bytes | bytearray):
+        return d.hex()
+    return d
+
+
+SCENARIOS = {
+    name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")
+}
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    result = asyncio.run(SCENARIOS[scenario](args))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    main()
