@@ -1,6 +1,12 @@
 """The FabricManager: the heavy sweep as a fixed list of stages, and the snapshot it publishes.
 
-Stages, each timed, with a barrier after each: discover -> LIDs -> links
+A light sweep (``sm/sweep.py``) runs every ``sweep_interval`` seconds and
+at once on a trap or an API request; those triggers merge into one flag
+and sweeps never overlap. When it finds a change, a heavy sweep follows,
+on the last discovery with the change applied when only links between
+known nodes changed, else from a new discovery.
+
+Heavy-sweep stages, each timed, with a barrier after each: discover -> LIDs -> links
 (MTU, VLs) -> routing (engine chain) -> verification and credit-loop check
 -> programming (PortInfo, LinearFDBTop, LFT blocks, ARMED, ACTIVE). A
 failed stage ends the sweep with an error naming the stage; the next sweep
@@ -10,27 +16,48 @@ replaces the previous one whole.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from fabric.errors import IbfmError
-from fabric.model import Fabric
+from fabric.model import Fabric, NodeType
 from sm.creditflow import CreditLoop, find_credit_loops
 from sm.discover import Discovery, discover
+from sm.events import (
+    CreditLoopFound,
+    EventBus,
+    LinkDown,
+    LinkUp,
+    NodeAdded,
+    NodeRemoved,
+    PortHeldDown,
+    PortRef,
+    RoutingFailed,
+    SweepDone,
+    SweepFailed,
+)
 from sm.lidmap import LidMap
 from sm.lids import LidManager
 from sm.links import LinkPlan, apply_link_plan, plan_links
 from sm.program import HeldLfts, ProgramReport, program_fabric
 from sm.routing.base import Lft, RoutingOptions, route
+from sm.sweep import FlapDamper, LightSweep, apply_changes, hold_down, light_sweep
 from sm.transport.base import WindowedTransport
 from sm.verify import VerifyReport, verify_routes
 
 
 class SweepError(IbfmError):
-    """A heavy-sweep stage failed; names the stage."""
+    """A sweep stage failed; names the stage."""
+
+    def __init__(self, stage: str, message: str | None = None) -> None:
+        super().__init__(message or stage)
+        self.stage = stage
 
 
 @dataclass(frozen=True)
@@ -45,6 +72,12 @@ class SmConfig:
     root_guids: tuple[int, ...] = ()
     subnet_prefix: int = 0xFE80000000000000
     check_credit_loops: bool = True
+    sweep_interval: float = 10.0
+    """Seconds between light sweeps (traps and API requests sweep at once)."""
+    flap_max: int = 4
+    """State changes of one port within ``flap_window`` beyond which it is held down."""
+    flap_window: float = 60.0
+    flap_hold: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -78,18 +111,170 @@ class SubnetSnapshot:
         return self.verify.ok and self.program.ok
 
 
-@dataclass
 class FabricManager:
-    transport: WindowedTransport
-    config: SmConfig = field(default_factory=SmConfig)
-    snapshot: SubnetSnapshot | None = None
-    held: HeldLfts = field(default_factory=dict)
-    sweeps: int = 0
+    """Owns the sweeps: one at a time, triggers merged, snapshots and events out."""
 
-    def __post_init__(self) -> None:
+    def __init__(self, transport: WindowedTransport, config: SmConfig | None = None, events: EventBus | None = None):
+        self.transport = transport
+        self.config = config or SmConfig()
+        self.events = events or EventBus()
+        self.snapshot: SubnetSnapshot | None = None
+        self.held: HeldLfts = {}
+        self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
+        self.damper = FlapDamper(
+            max_flaps=self.config.flap_max, window=self.config.flap_window, hold=self.config.flap_hold
+        )
+        self._force_heavy = True
+        self._wake = asyncio.Event()
+        self._reasons: set[str] = set()
+        self._lock = asyncio.Lock()
+        self.last_light: LightSweep | None = None
+
+    # -- triggers ---------------------------------------------------------------
+
+    def request_sweep(self, reason: str, *, heavy: bool = False) -> None:
+        """Ask for a sweep soon (traps, the API, a timer); requests merge into one."""
+        self._reasons.add(reason)
+        if heavy:
+            self._force_heavy = True
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep until ``stop`` is set: at start, every ``sweep_interval``, and on every request."""
+        trap_task = asyncio.create_task(self._watch_traps(stop))
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(SweepError):  # reported as an event; the next sweep starts over
+                    await self.sweep()
+                waiter = asyncio.create_task(self._wake.wait())
+                stopper = asyncio.create_task(stop.wait())
+                await asyncio.wait(
+                    {waiter, stopper}, timeout=self.config.sweep_interval, return_when=asyncio.FIRST_COMPLETED
+                )
+                waiter.cancel()
+                stopper.cancel()
+        finally:
+            trap_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trap_task
+
+    async def _watch_traps(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            trap = await self.transport.next_trap(timeout=1.0)
+            if trap is not None:
+                self.request_sweep("trap")
+
+    # -- sweeps -------------------------------------------------------------------
+
+    async def sweep(self) -> SubnetSnapshot | None:
+        """One sweep: light, and heavy when something changed. Returns the new snapshot, if any."""
+        async with self._lock:
+            self._wake.clear()
+            self._reasons.clear()
+            self.transport.pending_traps()  # every queued trap is covered by this sweep
+            prev = self.snapshot
+            if prev is None or self._force_heavy:
+                return await self._heavy(None, kind_changes=0)
+            t0 = time.perf_counter()
+            sent0 = self.transport.stats.sent
+            released = self.damper.release_expired()
+            recheck = []
+            for guid, port in released:
+                with contextlib.suppress(KeyError):
+                    recheck.append((prev.fabric.by_guid(guid), port))
+            try:
+                light = await light_sweep(self.transport, prev.discovery, recheck=recheck)
+            except IbfmError as e:
+                self.events.emit(SweepFailed(stage="light", reason=str(e)))
+                self._force_heavy = True
+                raise SweepError(f"light sweep failed: {e}") from e
+            self.last_light = light
+            f = prev.fabric
+            for c in light.changes:
+                key = (int(f.node_guid[c.node]), c.port)
+                if self.damper.record(key):
+                    self.events.emit(
+                        PortHeldDown(
+                            port=_ref(f, c.node, c.port),
+                            flaps=self.damper.flaps(key),
+                            until=time.time() + self.config.flap_hold,
+                        )
+                    )
+            held = self.damper.held()
+            relevant = [
+                c for c in light.changes if not (c.up and (int(f.node_guid[c.node]), c.port) in held)
+            ]
+            if not relevant and not light.needs_full_discovery and not released:
+                self.events.emit(
+                    SweepDone(
+                        sweep=prev.sweep,
+                        kind="light",
+                        duration_s=time.perf_counter() - t0,
+                        lft_blocks_sent=0,
+                        smps=self.transport.stats.sent - sent0,
+                        engine=prev.engine,
+                        subnet_up=prev.up,
+                    )
+                )
+                return None
+            d = apply_changes(prev.discovery, light, held=held)
+            return await self._heavy(d, kind_changes=len(light.changes), extra_smps=light.smps)
 
     async def heavy_sweep(self) -> SubnetSnapshot:
+        """A full heavy sweep (discovery from scratch)."""
+        async with self._lock:
+            return await self._heavy(None, kind_changes=0)
+
+    async def _heavy(self, d: Discovery | None, *, kind_changes: int, extra_smps: int = 0) -> SubnetSnapshot:
+        t0 = time.perf_counter()
+        prev = self.snapshot
+        try:
+            snap = await self._pipeline(d, extra_smps)
+        except SweepError as e:
+            self._force_heavy = True
+            self.events.emit(SweepFailed(stage=e.stage, reason=str(e)))
+            raise
+        # A sweep that could not program everything is repeated in full next time.
+        self._force_heavy = not snap.program.ok or bool(snap.discovery.errors)
+        self._emit_diff(prev, snap)
+        if snap.credit_loops:
+            first = snap.credit_loops[0]
+            self.events.emit(
+                CreditLoopFound(engine=snap.engine, loops=len(snap.credit_loops), example=_loop_names(first))
+            )
+        self.events.emit(
+            SweepDone(
+                sweep=snap.sweep,
+                kind="heavy",
+                duration_s=time.perf_counter() - t0,
+                lft_blocks_sent=snap.program.blocks_sent,
+                smps=snap.smps,
+                engine=snap.engine,
+                subnet_up=snap.up,
+                changes=kind_changes,
+            )
+        )
+        return snap
+
+    def _emit_diff(self, prev: SubnetSnapshot | None, snap: SubnetSnapshot) -> None:
+        if prev is None:
+            return
+        old, new = prev.fabric, snap.fabric
+        og, ng = set(old.node_guid.tolist()), set(new.node_guid.tolist())
+        for g in sorted(ng - og):
+            n = new.by_guid(g)
+            self.events.emit(NodeAdded(guid=f"{g:#018x}", name=new.names[n], node_type=_kind(new, n)))
+        for g in sorted(og - ng):
+            n = old.by_guid(g)
+            self.events.emit(NodeRemoved(guid=f"{g:#018x}", name=old.names[n], node_type=_kind(old, n)))
+        ol, nl = _link_keys(old), _link_keys(new)
+        for a, b in sorted(ol - nl):
+            self.events.emit(LinkDown(a=_ref_guid(old, *a), b=_ref_guid(old, *b)))
+        for a, b in sorted(nl - ol):
+            self.events.emit(LinkUp(a=_ref_guid(new, *a), b=_ref_guid(new, *b)))
+
+    async def _pipeline(self, d: Discovery | None, extra_smps: int) -> SubnetSnapshot:
         phases: dict[str, float] = {}
         sent0 = self.transport.stats.sent
 
@@ -99,13 +284,15 @@ class FabricManager:
             try:
                 yield
             except IbfmError as e:
-                raise SweepError(f"sweep {self.sweeps + 1}: {name} failed: {e}") from e
+                raise SweepError(name, f"sweep {self.sweeps + 1}: {name} failed: {e}") from e
             finally:
                 phases[name] = time.perf_counter() - t0
 
         cfg = self.config
-        with stage("discover"):
-            d = await discover(self.transport)
+        if d is None:
+            with stage("discover"):
+                d = await discover(self.transport)
+            hold_down(d.fabric, self.damper.held())
         fabric = d.fabric
         with stage("lids"):
             plan = self.lid_manager.plan(fabric)
@@ -114,13 +301,23 @@ class FabricManager:
             links = plan_links(fabric, max_mtu=cfg.max_mtu, max_vls=cfg.max_vls)
             apply_link_plan(fabric, links)
         with stage("routing"):
-            routed = route(fabric, lids, cfg.engines, RoutingOptions(root_guids=cfg.root_guids))
+            try:
+                routed = route(fabric, lids, cfg.engines, RoutingOptions(root_guids=cfg.root_guids))
+            except IbfmError as e:
+                self.events.emit(RoutingFailed(reason=str(e)))
+                raise
         with stage("verify"):
             report = verify_routes(fabric, lids, routed.lft)
         loops: list[CreditLoop] = []
         if cfg.check_credit_loops:
             with stage("credit_loops"):
                 loops = find_credit_loops(fabric, lids, routed.lft)
+        # A switch we have not seen before, or one that reset (LinearFDBTop 0), holds no LFT we know.
+        known = set(self.snapshot.fabric.node_guid.tolist()) if self.snapshot is not None else set()
+        for n in fabric.switches.tolist():
+            guid = int(fabric.node_guid[n])
+            if guid not in known or not d.switch_info.get(n, {}).get("LinearFDBTop"):
+                self.held.pop(guid, None)
         with stage("program"):
             prog = await program_fabric(
                 self.transport,
@@ -148,7 +345,32 @@ class FabricManager:
             program=prog,
             phases=phases,
             lid_warnings=tuple(plan.warnings),
-            smps=self.transport.stats.sent - sent0,
+            smps=self.transport.stats.sent - sent0 + extra_smps,
         )
         self.snapshot = snap
         return snap
+
+
+def _kind(f: Fabric, n: int) -> Literal["switch", "ca", "router"]:
+    return {NodeType.SWITCH: "switch", NodeType.CA: "ca"}.get(NodeType(int(f.node_type[n])), "router")  # type: ignore[return-value]
+
+
+def _ref(f: Fabric, n: int, p: int) -> PortRef:
+    return PortRef(guid=f"{int(f.node_guid[n]):#018x}", name=f.names[n], port=p)
+
+
+def _ref_guid(f: Fabric, guid: int, port: int) -> PortRef:
+    return _ref(f, f.by_guid(guid), port)
+
+
+def _link_keys(f: Fabric) -> set[tuple[tuple[int, int], tuple[int, int]]]:
+    g = f.node_guid
+    out = set()
+    for a, b, c, d in f.link_array().tolist():
+        x, y = (int(g[a]), b), (int(g[c]), d)
+        out.add((x, y) if x < y else (y, x))
+    return out
+
+
+def _loop_names(loop: CreditLoop) -> list[str]:
+    return [str(ch) for ch in getattr(loop, "channels", ())]

@@ -188,6 +188,7 @@ async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, re
         elif (got := SWITCH_INFO.unpack(ans)).get("LinearFDBTop") != top:
             rep.failures.append(f"{f.names[node]}: LinearFDBTop reads {got.get('LinearFDBTop')} after Set {top}")
         else:
+            d.switch_info[node] = got
             rep.switchinfo_sets += 1
 
 

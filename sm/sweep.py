@@ -1,0 +1,303 @@
+"""Light sweeps: find what changed cheaply, and apply it to the last discovery.
+
+A light sweep reads SwitchInfo of every switch (one batch). Switches whose
+PortStateChange bit is set, and switches that did not answer, have every
+PortInfo read; the bit is cleared. Port physical states are compared with
+the last discovery: links that went down or came up are the changes.
+
+:func:`apply_changes` turns a discovery plus changes into the discovery
+the next heavy sweep routes on, without walking the fabric again, when
+the change is only links between known nodes. Anything else (a new node,
+a switch that vanished) asks for a full discovery.
+
+:class:`FlapDamper` holds down a port that changes state too often.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence, Set
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr
+from fabric.model import Fabric, NodeType, PhysState, PortState
+from sm.discover import Discovery, Path
+from sm.smp import SmpRequest, smp_batch
+from sm.transport.base import WindowedTransport
+
+
+@dataclass(frozen=True)
+class PortChange:
+    node: int
+    port: int
+    up: bool
+    info: dict[str, Any] | None = None
+    """PortInfo as read now (None when the switch did not answer)."""
+
+
+@dataclass
+class LightSweep:
+    changes: list[PortChange] = field(default_factory=list)
+    unreachable: list[int] = field(default_factory=list)
+    """Switches that answered neither by their old path nor by a repaired one."""
+    peers: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """For ports that came up: (node GUID, port) found behind them."""
+    peer_info: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    """For ports that came up: PortInfo of the port behind them."""
+    new_nodes: list[tuple[int, int]] = field(default_factory=list)
+    """Ports that came up with an unknown GUID behind them."""
+    smps: int = 0
+
+    @property
+    def needs_full_discovery(self) -> bool:
+        return bool(self.unreachable or self.new_nodes)
+
+
+def shortest_paths(fabric: Fabric, root: int, root_port: int) -> list[Path | None]:
+    """DR path to every node over up links, breadth first from the SM's node (None if cut off)."""
+    paths: list[Path | None] = [None] * fabric.n_nodes
+    paths[root] = ()
+    up = fabric.up_mask()
+    frontier = [root]
+    while frontier:
+        nxt = []
+        for n in frontier:
+            base = paths[n]
+            assert base is not None
+            if fabric.node_type[n] == NodeType.SWITCH:
+                ports = np.flatnonzero(up[n]).tolist()
+            elif n == root and up[n, root_port]:
+                ports = [root_port]
+            else:
+                continue
+            for p in ports:
+                m = int(fabric.peer_node[n, p])
+                if paths[m] is None:
+                    paths[m] = (*base, p)
+                    nxt.append(m)
+        frontier = nxt
+    return paths
+
+
+async def light_sweep(
+    transport: WindowedTransport, d: Discovery, *, recheck: Sequence[tuple[int, int]] = ()
+) -> LightSweep:
+    """Find the ports whose link changed since ``d``; ``recheck`` adds ports to read regardless."""
+    f = d.fabric
+    out = LightSweep()
+    sent0 = transport.stats.sent
+    switches = f.switches.tolist()
+    answers = await smp_batch(transport, [(d.paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches])
+    changed: set[int] = {n for n, _ in recheck if f.node_type[n] == NodeType.SWITCH}
+    silent: list[int] = []
+    for n, ans in zip(switches, answers, strict=True):
+        if isinstance(ans, Exception):
+            silent.append(n)
+        elif SWITCH_INFO.unpack(ans)["PortStateChange"]:
+            changed.add(n)
+    paths: list[Path | None] = list(d.paths)
+    ports_now = await _read_ports(transport, d, sorted(changed), paths)
+    downs = _diff(f, ports_now, out)
+    if silent:
+        # Paths through a link that just failed break; route around it in the model and ask again.
+        g = f.copy()
+        for n, p in downs:
+            if g.peer_node[n, p] >= 0:
+                g.disconnect(n, p)
+        paths = shortest_paths(g, d.sm_node, d.sm_port)
+        retry = [n for n in silent if paths[n] is not None and paths[n] != d.paths[n]]
+        again = await smp_batch(transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in retry])
+        back = [n for n, a in zip(retry, again, strict=True) if not isinstance(a, Exception)]
+        out.unreachable = sorted(set(silent) - set(back))
+        more = await _read_ports(transport, d, back, paths)
+        _diff(f, more, out)
+        ports_now.update(more)
+    # Ports that came up: who is behind them?
+    ups = [c for c in out.changes if c.up and f.node_type[c.node] == NodeType.SWITCH]
+    probes: list[SmpRequest] = []
+    for c in ups:
+        base = paths[c.node]
+        assert base is not None
+        probes.append(((*base, c.port), Method.GET, SmpAttr.NODE_INFO, 0, b""))
+    known: list[tuple[PortChange, Path, int]] = []
+    for c, (route, *_), ans in zip(ups, probes, await smp_batch(transport, probes), strict=True):
+        if isinstance(ans, Exception):
+            continue  # came up and went again, or not trained yet: the next sweep sees it
+        ni = NODE_INFO.unpack(ans)
+        guid, local = int(ni["NodeGUID"]), int(ni["LocalPortNum"])
+        try:
+            m = f.by_guid(guid)
+        except KeyError:
+            out.new_nodes.append((c.node, c.port))
+            continue
+        if f.node_type[m] != NodeType.SWITCH and not f.port_exists[m, local]:
+            out.new_nodes.append((c.node, c.port))  # a CA port never seen before: its GUID is new
+            continue
+        out.peers[(c.node, c.port)] = (guid, local)
+        # A CA answers PortInfo for its ingress port (modifier 0); a switch by port number.
+        known.append((c, route, 0 if f.node_type[m] != NodeType.SWITCH else local))
+    infos = await smp_batch(transport, [(r, Method.GET, SmpAttr.PORT_INFO, mod, b"") for _, r, mod in known])
+    for (c, _, _), ans in zip(known, infos, strict=True):
+        if not isinstance(ans, Exception):
+            out.peer_info[(c.node, c.port)] = PORT_INFO.unpack(ans)
+    # Clear PortStateChange where it was set (writing 1 clears it).
+    clears: list[SmpRequest] = []
+    for n in sorted(changed - set(out.unreachable)):
+        path = paths[n]
+        if path is None or n not in d.switch_info:
+            continue
+        values = dict(d.switch_info[n])
+        values["PortStateChange"] = 1
+        clears.append((path, Method.SET, SmpAttr.SWITCH_INFO, 0, SWITCH_INFO.pack(values)))
+    await smp_batch(transport, clears)
+    out.smps = transport.stats.sent - sent0
+    return out
+
+
+async def _read_ports(
+    transport: WindowedTransport, d: Discovery, switches: list[int], paths: list[Path | None]
+) -> dict[tuple[int, int], dict[str, Any] | None]:
+    f = d.fabric
+    keys: list[tuple[int, int]] = []
+    reqs: list[SmpRequest] = []
+    for n in switches:
+        path = paths[n]
+        if path is None:
+            continue
+        for p in range(1, int(f.nports[n]) + 1):
+            keys.append((n, p))
+            reqs.append((path, Method.GET, SmpAttr.PORT_INFO, p, b""))
+    out: dict[tuple[int, int], dict[str, Any] | None] = {}
+    for key, ans in zip(keys, await smp_batch(transport, reqs), strict=True):
+        out[key] = None if isinstance(ans, Exception) else PORT_INFO.unpack(ans)
+    return out
+
+
+def _diff(
+    f: Fabric, ports_now: dict[tuple[int, int], dict[str, Any] | None], out: LightSweep
+) -> list[tuple[int, int]]:
+    downs = []
+    was_up = f.up_mask()
+    for (n, p), info in ports_now.items():
+        if info is None:
+            continue
+        is_up = info["PortPhysicalState"] == PhysState.LINKUP
+        if is_up != bool(was_up[n, p]):
+            out.changes.append(PortChange(n, p, is_up, info))
+            if not is_up:
+                downs.append((n, p))
+    return downs
+
+
+def apply_changes(
+    d: Discovery, sweep: LightSweep, *, held: Set[tuple[int, int]] = frozenset()
+) -> Discovery | None:
+    """The discovery after ``sweep``'s link changes; None when a full discovery is needed.
+
+    Ports in ``held`` (flap-damped, as (node GUID, port)) are left down.
+    """
+    if sweep.needs_full_discovery:
+        return None
+    f = d.fabric.copy()
+    port_info = dict(d.port_info)
+    for c in sweep.changes:
+        if c.up:
+            continue
+        if c.info is not None:
+            port_info[(c.node, c.port)] = c.info
+        if f.peer_node[c.node, c.port] >= 0:
+            f.disconnect(c.node, c.port)
+    for c in sweep.changes:
+        if not c.up:
+            continue
+        key = (int(f.node_guid[c.node]), c.port)
+        peer = sweep.peers.get((c.node, c.port))
+        if peer is None or key in held:
+            continue
+        m = f.by_guid(peer[0])
+        q = peer[1]
+        if f.peer_node[m, q] >= 0 or (int(f.node_guid[m]), q) in held:
+            continue
+        if c.info is not None:
+            port_info[(c.node, c.port)] = c.info
+        f.connect(c.node, c.port, m, q, state=PortState.INIT)
+        if c.info is not None:
+            _record(f, c.node, c.port, c.info)
+        far = sweep.peer_info.get((c.node, c.port))
+        if far is not None:
+            port_info[(m, q)] = far
+            _record(f, m, q, far)
+    hold_down(f, held)
+    paths = shortest_paths(f, d.sm_node, d.sm_port)
+    if any(p is None for i, p in enumerate(paths) if f.node_type[i] == NodeType.SWITCH):
+        return None  # a switch is cut off: let a full discovery decide what is left
+    new_paths: list[Path] = [p if p is not None else d.paths[i] for i, p in enumerate(paths)]
+    port_paths = dict(d.port_paths)
+    up = f.up_mask()
+    for n in f.cas.tolist():
+        if n == d.sm_node:
+            continue
+        for p in np.flatnonzero(up[n]).tolist():
+            m = int(f.peer_node[n, p])
+            if f.node_type[m] == NodeType.SWITCH:
+                port_paths[(n, p)] = (*new_paths[m], int(f.peer_port[n, p]))
+    return replace(d, fabric=f, paths=new_paths, port_paths=port_paths, port_info=port_info, errors=[], smps=0)
+
+
+def hold_down(f: Fabric, held: Set[tuple[int, int]]) -> None:
+    """Take flap-damped ports, given as (node GUID, port), out of the model: not routed, not armed."""
+    for guid, port in held:
+        try:
+            n = f.by_guid(guid)
+        except KeyError:
+            continue
+        if f.peer_node[n, port] >= 0:
+            f.disconnect(n, port)
+
+
+def _record(f: Fabric, n: int, p: int, info: dict[str, Any]) -> None:
+    f.state[n, p] = int(info["PortState"])
+    f.phys_state[n, p] = int(info["PortPhysicalState"])
+
+
+class FlapDamper:
+    """Hold down a port that changes state more than ``max_flaps`` times in ``window`` seconds."""
+
+    def __init__(self, *, max_flaps: int = 4, window: float = 60.0, hold: float = 300.0) -> None:
+        self.max_flaps = max_flaps
+        self.window = window
+        self.hold = hold
+        self._seen: dict[tuple[int, int], deque[float]] = {}
+        self.held_until: dict[tuple[int, int], float] = {}
+
+    def record(self, key: tuple[int, int], now: float | None = None) -> bool:
+        """Count a state change of ``key`` (node GUID, port); True when it is now held down."""
+        now = time.monotonic() if now is None else now
+        q = self._seen.setdefault(key, deque())
+        q.append(now)
+        while q and q[0] < now - self.window:
+            q.popleft()
+        if len(q) > self.max_flaps and key not in self.held_until:
+            self.held_until[key] = now + self.hold
+            return True
+        return False
+
+    def flaps(self, key: tuple[int, int]) -> int:
+        return len(self._seen.get(key, ()))
+
+    def held(self, now: float | None = None) -> set[tuple[int, int]]:
+        now = time.monotonic() if now is None else now
+        return {k for k, t in self.held_until.items() if t > now}
+
+    def release_expired(self, now: float | None = None) -> list[tuple[int, int]]:
+        """Ports whose hold ended: they should be looked at again."""
+        now = time.monotonic() if now is None else now
+        done = [k for k, t in self.held_until.items() if t <= now]
+        for k in done:
+            del self.held_until[k]
+            self._seen.pop(k, None)
+        return done
