@@ -311,7 +311,7 @@ class FabricManager:
         loops: list[CreditLoop] = []
         if cfg.check_credit_loops:
             with stage("credit_loops"):
-                loops = find_credit_loops(fabric, lids, routed.lft)
+                loops = find_credit_loops(fabric, lids, routed.lft, from_cas=True)
         # A switch we have not seen before, or one that reset (LinearFDBTop 0), holds no LFT we know.
         known = set(self.snapshot.fabric.node_guid.tolist()) if self.snapshot is not None else set()
         for n in fabric.switches.tolist():
