@@ -1,0 +1,1448 @@
+"""An in-process fabric that answers MADs as bytes, as ibsim does.
+
+:class:`EmulatedFabric` keeps its own copy of a :class:`~fabric.model.Fabric`
+as physical truth, plus what the devices hold: per-switch LFTs
+(``uint8[n_switches, LinearFDBCap]``), SwitchInfo (LinearFDBTop,
+PortStateChange), PortInfo per port (LID, LMC, MasterSMLID, NeighborMTU,
+OperationalVLs, ...), SMInfo of the ports that run an SM and PMA counters.
+
+The SM attaches at ``(sm_node, sm_port)``. :meth:`EmulatedFabric.process`
+takes one request MAD and returns the response, or None when the MAD is
+dropped (a real device drops silently; the transport then times out):
+
+- Directed-route SMPs walk InitialPath from the SM's port over ports that
+  are physically LinkUp (INIT, ARMED or ACTIVE); a hop through a down,
+  unconnected or non-existent port, out of port 0, or through a CA, drops
+  the SMP. The answer is given at the end node; its "port" context is the
+  port the SMP arrived on (NodeInfo.LocalPortNum, PortInfo with modifier 0
+  on a CA).
+- LID-routed SMPs (class 0x01) and PerfMgt MADs (class 0x04) travel hop by
+  hop through the switches' LFTs from the SM's port, and the response
+  travels back to the SM's LID the same way; SMPs pass ports in INIT or
+  better, PerfMgt needs ACTIVE senders and ARMED/ACTIVE receivers. A wrong
+  or missing LFT entry, or a DLID above LinearFDBTop, drops the MAD.
+
+One handler per attribute, all with one signature; a Set copies in what
+the device accepts and then answers with the current state. Link events
+(:meth:`link_down`, :meth:`link_up`, :meth:`remove_node`,
+:meth:`restore_node`) set PortStateChange on the switches concerned and
+queue a trap 128 (a LID-routed Notice toward the switch's MasterSMLID) in
+:attr:`traps` when the switch has a LID and its LFTs lead to the SM.
+
+As on hardware: the SM's port needs a LID before any LID-routed MAD leaves
+it; a switch delivers a DLID in its own LID range to itself without looking
+at its LFT; a PortInfo Set of PortState DOWN makes the link drop and retrain
+(both ends come back in INIT); :meth:`advance` lets traffic flow into the
+PMA counters from a :class:`TrafficSource`. :meth:`apply_subnet` configures
+everything at once, as if an SM had swept (for tests of later stages).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from fabric.errors import IbfmError
+from fabric.mad import (
+    CLASS_PORT_INFO,
+    NODE_INFO,
+    PORT_COUNTERS,
+    PORT_COUNTERS_EXT,
+    PORT_INFO,
+    SM_INFO,
+    SWITCH_INFO,
+    FieldValueError,
+    Layout,
+    Mad,
+    MadError,
+    MadStatus,
+    Method,
+    MgmtClass,
+    PerfAttr,
+    PerfCap,
+    PortCap,
+    SmpAttr,
+    SmState,
+    make_response,
+    node_desc_pack,
+    parse_mad,
+    trap128_pack,
+    trap_mad,
+)
+from fabric.model import (
+    NO_PEER,
+    SPEED_TO_PORTINFO,
+    Fabric,
+    NodeType,
+    PhysState,
+    PortState,
+    Speed,
+    speed_supported_portinfo,
+    speeds_up_to,
+)
+
+LFT_CAP = 0xC000
+"""Default SwitchInfo.LinearFDBCap: the whole unicast LID space (49,152 entries)."""
+
+LFT_BLOCK = 64
+MAX_UNICAST_LID = 0xBFFF
+LID_HOP_LIMIT = 64
+"""A LID-routed packet still travelling after this many switches is in a loop: dropped."""
+
+DEFAULT_GID_PREFIX = 0xFE80000000000000
+
+_NO_ROUTE = 255
+
+# Per-port flags (a bytearray indexed node * (max_port + 1) + port).
+_F_LINK = 1
+"""Physically LinkUp with a cable: SMPs (VL15) pass in INIT, ARMED and ACTIVE."""
+_F_ARMED = 2
+"""ARMED or ACTIVE: may receive data packets."""
+_F_ACTIVE = 4
+"""ACTIVE: may send data packets."""
+
+_CA_CAPS = int(
+    PortCap.IS_TRAP_SUPPORTED
+    | PortCap.IS_SL_MAPPING_SUPPORTED
+    | PortCap.IS_SYSTEM_IMAGE_GUID_SUPPORTED
+    | PortCap.IS_EXTENDED_SPEEDS_SUPPORTED
+    | PortCap.IS_CAPABILITY_MASK2_SUPPORTED
+    | PortCap.IS_COMMUNICATION_MANAGEMENT_SUPPORTED
+    | PortCap.IS_VENDOR_CLASS_SUPPORTED
+    | PortCap.IS_CLIENT_REREGISTRATION_SUPPORTED
+)
+_SWITCH_CAPS = int(
+    PortCap.IS_TRAP_SUPPORTED
+    | PortCap.IS_NOTICE_SUPPORTED
+    | PortCap.IS_SL_MAPPING_SUPPORTED
+    | PortCap.IS_SYSTEM_IMAGE_GUID_SUPPORTED
+    | PortCap.IS_EXTENDED_SPEEDS_SUPPORTED
+    | PortCap.IS_CAPABILITY_MASK2_SUPPORTED
+    | PortCap.IS_VENDOR_CLASS_SUPPORTED
+)
+
+# PortInfo speed codes by Speed value (index 0 = none): Supported from the cap, Active.
+_LS_SUP = [0] + [speed_supported_portinfo(speeds_up_to(s))[0] for s in Speed]
+_LSE_SUP = [0] + [speed_supported_portinfo(speeds_up_to(s))[1] for s in Speed]
+_LS_ACT = [0] + [SPEED_TO_PORTINFO[s][0] for s in Speed]
+_LSE_ACT = [0] + [SPEED_TO_PORTINFO[s][1] for s in Speed]
+
+_PI_LOCAL_PORT = PORT_INFO.field("LocalPortNum").offset // 8
+_NI_PORT_GUID = NODE_INFO.field("PortGUID").offset // 8
+_NI_LOCAL_PORT = NODE_INFO.field("LocalPortNum").offset // 8
+
+_GET = int(Method.GET)
+_SET = int(Method.SET)
+_OK = int(MadStatus.OK)
+_INVALID = int(MadStatus.INVALID_FIELD)
+_UNSUPPORTED = int(MadStatus.METHOD_ATTR_UNSUPPORTED)
+
+
+class EmulatorError(IbfmError):
+    """A request to the emulator itself that the fabric does not allow (no such port, no cable)."""
+
+
+class Counter(IntEnum):
+    """PMA counters, in PortCounters.CounterSelect bit order for the first 16.
+
+    PortCounters shows 0..17 (saturating at their field width); PortCountersExtended
+    shows the data, packet, unicast and multicast counters with 64 bits.
+    """
+
+    SYMBOL_ERROR = 0
+    LINK_ERROR_RECOVERY = 1
+    LINK_DOWNED = 2
+    RCV_ERRORS = 3
+    RCV_REMOTE_PHYS_ERRORS = 4
+    RCV_SWITCH_RELAY_ERRORS = 5
+    XMIT_DISCARDS = 6
+    XMIT_CONSTRAINT_ERRORS = 7
+    RCV_CONSTRAINT_ERRORS = 8
+    LOCAL_LINK_INTEGRITY_ERRORS = 9
+    EXCESSIVE_BUFFER_OVERRUN_ERRORS = 10
+    VL15_DROPPED = 11
+    XMIT_DATA = 12
+    RCV_DATA = 13
+    XMIT_PKTS = 14
+    RCV_PKTS = 15
+    XMIT_WAIT = 16
+    QP1_DROPPED = 17
+    UNICAST_XMIT_PKTS = 18
+    UNICAST_RCV_PKTS = 19
+    MULTICAST_XMIT_PKTS = 20
+    MULTICAST_RCV_PKTS = 21
+
+
+N_COUNTERS = len(Counter)
+N_PC32 = 18
+"""Counters 0..17 appear in PortCounters."""
+
+# PortCounters field name per counter 0..17 and its saturation value.
+_PC32_FIELDS = (
+    "SymbolErrorCounter",
+    "LinkErrorRecoveryCounter",
+    "LinkDownedCounter",
+    "PortRcvErrors",
+    "PortRcvRemotePhysicalErrors",
+    "PortRcvSwitchRelayErrors",
+    "PortXmitDiscards",
+    "PortXmitConstraintErrors",
+    "PortRcvConstraintErrors",
+    "LocalLinkIntegrityErrors",
+    "ExcessiveBufferOverrunErrors",
+    "VL15Dropped",
+    "PortXmitData",
+    "PortRcvData",
+    "PortXmitPkts",
+    "PortRcvPkts",
+    "PortXmitWait",
+    "QP1Dropped",
+)
+_PC32_MAX = np.array([PORT_COUNTERS.field(n).max_value for n in _PC32_FIELDS], np.uint64)
+_PC32_MAX_LIST = _PC32_MAX.tolist()
+
+# PortCountersExtended: field per CounterSelect bit, and the counter behind it.
+_PCX_FIELDS = (
+    "PortXmitData",
+    "PortRcvData",
+    "PortXmitPkts",
+    "PortRcvPkts",
+    "PortUnicastXmitPkts",
+    "PortUnicastRcvPkts",
+    "PortMulticastXmitPkts",
+    "PortMulticastRcvPkts",
+)
+_PCX_COUNTERS = np.array(
+    [
+        Counter.XMIT_DATA,
+        Counter.RCV_DATA,
+        Counter.XMIT_PKTS,
+        Counter.RCV_PKTS,
+        Counter.UNICAST_XMIT_PKTS,
+        Counter.UNICAST_RCV_PKTS,
+        Counter.MULTICAST_XMIT_PKTS,
+        Counter.MULTICAST_RCV_PKTS,
+    ],
+    np.intp,
+)
+
+Handler = Callable[[int, int, int, bytes, bool], tuple[bytes, int]]
+"""``(node, in_port, attr_mod, request data, is_set) -> (attribute data, MAD status)``."""
+
+
+class TrafficSource(Protocol):
+    """Where port traffic comes from: per-port transmit rates for :meth:`EmulatedFabric.advance`."""
+
+    def rates(
+        self, emu: EmulatedFabric
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """``(xmit bytes/s, xmit packets/s, XmitWait ticks/s)``, each ``float64[node, port]``."""
+        ...
+
+
+@dataclass
+class ConstantTraffic:
+    """The same load on every port that can send data (ACTIVE, peer ARMED or ACTIVE)."""
+
+    bytes_per_s: float = 1e9
+    packet_bytes: int = 4096
+    xmit_wait_per_s: float = 0.0
+
+    def rates(
+        self, emu: EmulatedFabric
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        live = emu.data_mask()
+        b = np.where(live, float(self.bytes_per_s), 0.0)
+        w = np.where(live, float(self.xmit_wait_per_s), 0.0)
+        return b, b / float(self.packet_bytes), w
+
+
+@dataclass
+class SmRecord:
+    """SMInfo of a port that runs an SM."""
+
+    guid: int
+    sm_key: int = 0
+    act_count: int = 0
+    priority: int = 0
+    state: SmState = SmState.NOT_ACTIVE
+
+
+@dataclass
+class LocalPort:
+    """Where the SM sits: its node and port, their GUIDs and the port's current LID."""
+
+    node: int
+    port: int
+    node_guid: int
+    port_guid: int
+    lid: int
+
+
+@dataclass
+class EmulatorStats:
+    received: int = 0
+    answered: int = 0
+    dropped: int = 0
+    traps_sent: int = 0
+    traps_dropped: int = 0
+    trap_represses: int = 0
+
+
+class EmulatedFabric:
+    """A whole subnet's devices in one process, answering MADs as bytes."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        *,
+        sm_node: int | None = None,
+        sm_port: int = 1,
+        traffic: TrafficSource | None = None,
+        lft_cap: int = LFT_CAP,
+        drop_rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        f = fabric.copy()
+        self.fabric = f
+        """Physical truth: cables, port states, widths, LIDs (the emulator's own copy)."""
+        n, pp = f.port_exists.shape
+        self._n = n
+        self._P = pp
+        if sm_node is None:
+            cas = f.cas
+            if cas.size == 0:
+                raise EmulatorError("fabric has no channel adapter to attach the SM to")
+            sm_node = int(cas[0])
+        if not 0 <= sm_node < n:
+            raise EmulatorError(f"SM node {sm_node} outside 0..{n - 1}")
+        if f.is_switch(sm_node):
+            sm_port = 0  # an SM on a switch sits behind its management port 0
+        elif not 1 <= sm_port <= int(f.nports[sm_node]):
+            raise EmulatorError(f"SM port {f.port_name(sm_node, sm_port)}: no such port")
+        self.sm_node = sm_node
+        self.sm_port = sm_port
+        self.traffic: TrafficSource = traffic if traffic is not None else ConstantTraffic()
+        if not 1 <= lft_cap <= LFT_CAP:
+            raise EmulatorError(f"LinearFDBCap {lft_cap} outside 1..{LFT_CAP}")
+        self.lft_cap = lft_cap
+        self.drop_rate = drop_rate
+        """Fraction of request MADs silently dropped (ibsim's ``Error`` command)."""
+        self._rng = random.Random(seed)
+        self.stats = EmulatorStats()
+        self.traps: deque[bytes] = deque()
+        """Trap MADs (LID-routed Notices) that reached the SM, oldest first."""
+        self.on_trap: Callable[[], None] | None = None
+        """Called after a trap is appended to :attr:`traps` (a transport drains them)."""
+        self.time = 0.0
+        """Seconds of traffic accumulated by :meth:`advance`."""
+
+        # -- static per-node facts, as Python lists for the hot path
+        self._is_sw = (f.node_type == NodeType.SWITCH).tolist()
+        self._nports = f.nports.astype(np.int64).tolist()
+        self._pn = f.peer_node.astype(np.int64).ravel().tolist()
+        self._pp = f.peer_port.astype(np.int64).ravel().tolist()
+        sw = f.switches
+        self.switch_nodes = sw
+        """Node index of each LFT row (``fabric.switches``)."""
+        row = np.full(n, -1, np.int64)
+        row[sw] = np.arange(sw.size)
+        self._sw_row = row.tolist()
+        self._present = bytearray(b"\x01" * n)
+
+        # -- switch state
+        self.lft = np.full((sw.size, lft_cap), _NO_ROUTE, np.uint8)
+        """``uint8[switch row, LID]``: each switch's LinearForwardingTable (255 = no route)."""
+        self.lft_top = np.zeros(sw.size, np.int64)
+        """SwitchInfo.LinearFDBTop per switch row."""
+        self.port_state_change = np.zeros(sw.size, np.bool_)
+        """SwitchInfo.PortStateChange per switch row."""
+        self.life_time = np.full(sw.size, 18, np.uint8)
+
+        # -- per-port PortInfo state beyond what the Fabric arrays hold
+        shape = (n, pp)
+        ex = f.port_exists
+        self.master_sm_lid = np.zeros(shape, np.uint16)
+        self.master_sm_sl = np.zeros(shape, np.uint8)
+        self.m_key = np.zeros(shape, np.uint64)
+        self.m_key_lease = np.zeros(shape, np.uint16)
+        self.m_key_protect = np.zeros(shape, np.uint8)
+        self.gid_prefix = np.full(shape, DEFAULT_GID_PREFIX, np.uint64)
+        self.subnet_timeout = np.zeros(shape, np.uint8)
+        self.hoq_life = np.full(shape, 16, np.uint8)
+        self.vl_stall = np.full(shape, 7, np.uint8)
+        self.vl_high_limit = np.zeros(shape, np.uint8)
+        self.width_enabled = np.where(ex, f.width_cap, 0).astype(np.uint8)
+        self.speed_enabled = np.zeros(shape, np.uint8)
+        self.speed_ext_enabled = np.zeros(shape, np.uint8)
+        caps = np.where(f.node_type == NodeType.SWITCH, _SWITCH_CAPS, _CA_CAPS).astype(np.uint32)
+        self.capability_mask = np.where(ex, caps[:, None], 0).astype(np.uint32)
+        self.disabled = f.phys_state == PhysState.DISABLED
+        """PortPhysicalState set to Disabled by an SM."""
+        self.cable_up = f.peer_node != NO_PEER
+        """The cable carries signal (cleared by :meth:`link_down`, set by :meth:`link_up`)."""
+        self.cable_up &= f.phys_state == PhysState.LINKUP
+        # Reset values where the given fabric leaves them open: VL0 only, MTU as the cap.
+        f.op_vls[ex & (f.op_vls == 0)] = 1
+        keep_mtu = f.mtu_active != 0
+        f.mtu_active[ex & ~keep_mtu] = f.mtu_cap[ex & ~keep_mtu]
+        for cap in np.unique(f.speed_cap[ex]).tolist():
+            if cap:
+                ls, lse = speed_supported_portinfo(speeds_up_to(Speed(cap)))
+                m = ex & (f.speed_cap == cap)
+                self.speed_enabled[m] = ls
+                self.speed_ext_enabled[m] = lse
+
+        # -- SMs on the fabric (SMInfo), ours included
+        self.sm_info: dict[tuple[int, int], SmRecord] = {}
+
+        # -- PMA
+        self.counters = np.zeros((n, pp, N_COUNTERS), np.uint64)
+        """Running totals per ``[node, port, Counter]`` (never cleared; views keep bases)."""
+        self._base32 = np.zeros((n, pp, N_PC32), np.uint64)
+        self._base64 = np.zeros((n, pp, len(_PCX_FIELDS)), np.uint64)
+        self._residue = np.zeros((3, n, pp), np.float64)
+        self.pma_ext_width = np.ones(n, np.bool_)
+        """ClassPortInfo advertises IsExtendedWidthSupported (PortCountersExtended answered)."""
+
+        # -- LID owners, flags, caches
+        self._lid_owner = np.full(MAX_UNICAST_LID + 1, -1, np.int64)
+        self._flags = bytearray(n * pp)
+        self._pi_cache: dict[int, bytes] = {}
+        """PortInfo images (LocalPortNum 0) by ``node * stride + port``."""
+        self._pi_rows = np.zeros((n * pp, PORT_INFO.size), np.uint8)
+        """PortInfo images of every port, packed at once by :meth:`_rebuild`."""
+        self._pi_stale: set[int] = set()
+        """Ports whose state changed since ``_pi_rows`` was packed."""
+        self._ni_cache: dict[int, bytes] = {}
+        self._ni_base: list[bytes] = [self._node_info_base(i) for i in range(n)]
+        self._nd: list[bytes] = [node_desc_pack(_fit_desc(d)) for d in f.descs]
+        self._trap_tid = 0
+        self._rebuild()
+        self.set_sm(self.sm_node, self.sm_port)
+
+        self._smp_handlers: dict[int, Handler] = {
+            int(SmpAttr.NODE_INFO): self._h_node_info,
+            int(SmpAttr.NODE_DESC): self._h_node_desc,
+            int(SmpAttr.PORT_INFO): self._h_port_info,
+            int(SmpAttr.SWITCH_INFO): self._h_switch_info,
+            int(SmpAttr.LFT): self._h_lft,
+            int(SmpAttr.GUID_INFO): self._h_guid_info,
+            int(SmpAttr.SM_INFO): self._h_sm_info,
+        }
+        self._perf_handlers: dict[int, Handler] = {
+            int(PerfAttr.CLASS_PORT_INFO): self._h_class_port_info,
+            int(PerfAttr.PORT_COUNTERS): self._h_port_counters,
+            int(PerfAttr.PORT_COUNTERS_EXT): self._h_port_counters_ext,
+        }
+
+    # -- derived state ------------------------------------------------------------
+
+    def _rebuild(self) -> None:
+        """Recompute port flags and LID owners from the arrays; drop cached PortInfo."""
+        f = self.fabric
+        self._flags[:] = self._flag_array().ravel().tobytes()
+        self._lid_owner[:] = -1
+        pp = self._P
+        base = f.lid.astype(np.int64)
+        ends = np.argwhere((base > 0) & self._endport_mask())
+        for node, port in ends.tolist():
+            b = int(base[node, port])
+            span = 1 << int(f.lmc[node, port])
+            self._lid_owner[b : min(b + span, MAX_UNICAST_LID + 1)] = node * pp + port
+        self._pi_cache.clear()
+        self._pi_stale.clear()
+        self._pi_rows[:] = self._port_info_rows()
+
+    def _flag_array(self) -> npt.NDArray[np.uint8]:
+        f = self.fabric
+        up = (f.peer_node != NO_PEER) & (f.phys_state == PhysState.LINKUP)
+        st = f.state
+        fl = np.where(up & (st >= PortState.INIT), _F_LINK, 0)
+        fl |= np.where(up & (st >= PortState.ARMED), _F_ARMED, 0)
+        fl |= np.where(up & (st == PortState.ACTIVE), _F_ACTIVE, 0)
+        return fl.astype(np.uint8)
+
+    def _sync_port(self, node: int, port: int) -> None:
+        """After a state change of one port: its flags and cached PortInfo."""
+        f = self.fabric
+        fl = 0
+        if f.peer_node[node, port] != NO_PEER and f.phys_state[node, port] == PhysState.LINKUP:
+            st = int(f.state[node, port])
+            fl = (
+                (_F_LINK if st >= PortState.INIT else 0)
+                | (_F_ARMED if st >= PortState.ARMED else 0)
+                | (_F_ACTIVE if st == PortState.ACTIVE else 0)
+            )
+        self._flags[node * self._P + port] = fl
+        self._forget_port_info(node, port)
+
+    def _forget_port_info(self, node: int, port: int) -> None:
+        pp = self._P
+        # external switch ports show port 0's LID, LMC and SM fields
+        ports = range(self._nports[node] + 1) if port == 0 and self._is_sw[node] else (port,)
+        for p in ports:
+            self._pi_cache.pop(node * pp + p, None)
+            self._pi_stale.add(node * pp + p)
+
+    def _endport_mask(self) -> npt.NDArray[np.bool_]:
+        """``[node, port]``: ports that own LIDs (switch port 0, CA ports)."""
+        f = self.fabric
+        m = f.port_exists.copy()
+        m[f.node_type == NodeType.SWITCH, 1:] = False
+        return m
+
+    def _is_endport(self, node: int, port: int) -> bool:
+        return port == 0 or not self._is_sw[node]
+
+    @property
+    def sm_lid(self) -> int:
+        """The SM port's current base LID (0 until someone sets it)."""
+        return int(self.fabric.lid[self.sm_node, self.sm_port])
+
+    @property
+    def local_port(self) -> LocalPort:
+        """The SM's attachment: node and port, their GUIDs, its current LID."""
+        f = self.fabric
+        return LocalPort(
+            self.sm_node,
+            self.sm_port,
+            int(f.node_guid[self.sm_node]),
+            int(f.port_guid[self.sm_node, self.sm_port]),
+            self.sm_lid,
+        )
+
+    def switch_row(self, node: int) -> int:
+        """LFT row of a switch node; EmulatorError for a CA."""
+        r = self._sw_row[node]
+        if r < 0:
+            raise EmulatorError(f"node {self.fabric.names[node]!r} is not a switch")
+        return r
+
+    def data_mask(self) -> npt.NDArray[np.bool_]:
+        """``[node, port]``: ports that send data now (ACTIVE, peer ARMED/ACTIVE)."""
+        fl = np.frombuffer(self._flags, np.uint8).reshape(self._n, self._P)
+        f = self.fabric
+        peer = np.where(f.peer_node != NO_PEER, f.peer_node, 0).astype(np.int64)
+        pport = np.where(f.peer_port != NO_PEER, f.peer_port, 0).astype(np.int64)
+        return ((fl & _F_ACTIVE) != 0) & ((fl[peer, pport] & _F_ARMED) != 0)
+
+    # -- MAD entry point --------------------------------------------------------------
+
+    def process(self, mad: bytes, dlid: int | None = None) -> bytes | None:
+        """Answer one request MAD; None when it is dropped on the way (or is not answered).
+
+        ``dlid`` is the destination LID of LID-routed SMPs and PerfMgt MADs (the LRH is
+        not part of the MAD); directed-route SMPs carry their path and ignore it.
+        """
+        st = self.stats
+        st.received += 1
+        if self.drop_rate > 0.0 and self._rng.random() < self.drop_rate:
+            st.dropped += 1
+            return None
+        try:
+            m = parse_mad(mad)
+        except MadError:
+            st.dropped += 1
+            return None
+        if m.is_response:
+            st.dropped += 1
+            return None
+        if m.mgmt_class == MgmtClass.SUBN_LID and m.method == Method.TRAP_REPRESS:
+            st.trap_represses += 1
+            return None  # the switch stops repeating; a TrapRepress has no response
+        if m.mgmt_class == MgmtClass.SUBN_DR:
+            reply = self._process_dr(m)
+        else:
+            if dlid is None:
+                raise EmulatorError(
+                    f"MAD class {m.mgmt_class:#04x} attribute {m.attr_id:#06x} is LID routed: give its DLID"
+                )
+            reply = self._process_lid(m, dlid)
+        if reply is None:
+            st.dropped += 1
+        else:
+            st.answered += 1
+        return reply
+
+    def _process_dr(self, m: Mad) -> bytes | None:
+        # DrSLID/DrDLID are not looked at: every DR SMP is taken as directed all the way.
+        if m.d_bit or m.hop_ptr != 0:
+            return None
+        walk = self._walk_dr(m.initial_path)
+        if walk is None:
+            return None
+        node, in_port, ret, links = walk
+        data, status = self._answer(m, self._smp_handlers, node, in_port)
+        flags = self._flags
+        for k in links:  # the Set may have taken a link of the way back down
+            if not flags[k] & _F_LINK:
+                return None
+        return make_response(m.raw, data, status, return_path=ret)
+
+    def _walk_dr(self, path: tuple[int, ...]) -> tuple[int, int, list[int], list[int]] | None:
+        """End node, its ingress port, ReturnPath[1..] and the ports passed; None = dropped."""
+        node = self.sm_node
+        if not path:
+            return node, self.sm_port, [], []
+        is_sw = self._is_sw
+        if not is_sw[node] and path[0] != self.sm_port:
+            return None  # a CA sends only out of the port the SM is bound to (C14-9:1)
+        nports, flags, pn, pp, stride = self._nports, self._flags, self._pn, self._pp, self._P
+        ret: list[int] = []
+        links: list[int] = []
+        q = 0
+        for i, p in enumerate(path):
+            if i and not is_sw[node]:
+                return None  # a CA does not forward
+            if p == 0 or p > nports[node]:
+                return None
+            k = node * stride + p
+            if not flags[k] & _F_LINK:
+                return None
+            links.append(k)
+            node = pn[k]
+            q = pp[k]
+            ret.append(q)
+        if not self._present[node]:
+            return None
+        return node, q, ret, links
+
+    def _process_lid(self, m: Mad, dlid: int) -> bytes | None:
+        data_vl = m.mgmt_class == MgmtClass.PERF
+        sm_lid = self.sm_lid
+        if not sm_lid:
+            return None  # a port without a LID cannot source LID-routed packets
+        sm_key = self.sm_node * self._P + self.sm_port
+        end = self._walk_lid(self.sm_node, self.sm_port, dlid, data_vl)
+        if end is None:
+            return None
+        node, in_port = end
+        handlers = self._perf_handlers if data_vl else self._smp_handlers
+        data, status = self._answer(m, handlers, node, in_port)
+        own = 0 if self._is_sw[node] else in_port
+        back = self._walk_lid(node, own, sm_lid, data_vl)
+        if back is None or back[0] != self.sm_node or int(self._lid_owner[sm_lid]) != sm_key:
+            return None
+        return make_response(m.raw, data, status)
+
+    def _walk_lid(self, node: int, port: int, dlid: int, data_vl: bool) -> tuple[int, int] | None:
+        """Follow the LFTs from ``(node, port)`` (port 0 on a switch) to the owner of ``dlid``.
+
+        Returns the destination node and the port the packet arrived on; None = dropped.
+        """
+        if not 0 < dlid <= MAX_UNICAST_LID:
+            return None
+        owner = int(self._lid_owner[dlid])
+        if owner < 0:
+            return None  # nobody owns it: the last switch or CA on the way drops it
+        stride, flags, pn, pp = self._P, self._flags, self._pn, self._pp
+        out_need = _F_ACTIVE if data_vl else _F_LINK
+        in_need = _F_ARMED if data_vl else _F_LINK
+        is_sw, present = self._is_sw, self._present
+        ingress = port
+        if not is_sw[node]:
+            if owner == node * stride + port:
+                return node, port
+            k = node * stride + port
+            if not flags[k] & out_need:
+                return None
+            node, ingress = pn[k], pp[k]
+            if not flags[node * stride + ingress] & in_need:
+                return None
+        lft, top, nports, rows = self.lft, self.lft_top, self._nports, self._sw_row
+        for _ in range(LID_HOP_LIMIT):
+            if not present[node]:
+                return None
+            if not is_sw[node]:
+                return (node, ingress) if owner == node * stride + ingress else None
+            if owner == node * stride:
+                return node, ingress
+            row = rows[node]
+            if dlid > top[row] or dlid >= self.lft_cap:
+                return None
+            out = int(lft[row, dlid])
+            if out == 0 or out > nports[node]:
+                return None
+            k = node * stride + out
+            if not flags[k] & out_need:
+                return None
+            node, ingress = pn[k], pp[k]
+            if not flags[node * stride + ingress] & in_need:
+                return None
+        return None
+
+    def _answer(self, m: Mad, handlers: dict[int, Handler], node: int, in_port: int) -> tuple[bytes, int]:
+        if m.class_version != 1:
+            return m.data, int(MadStatus.BAD_VERSION)
+        method = m.method
+        if method != _GET and method != _SET:
+            return m.data, int(MadStatus.METHOD_UNSUPPORTED)
+        h = handlers.get(m.attr_id)
+        if h is None:
+            return m.data, _UNSUPPORTED
+        return h(node, in_port, m.attr_mod, m.data, method == _SET)
+
+    # -- SMP attribute handlers ----------------------------------------------------------
+
+    def _node_info_base(self, node: int) -> bytes:
+        f = self.fabric
+        sw = self._is_sw[node]
+        return NODE_INFO.pack(
+            {
+                "BaseVersion": 1,
+                "ClassVersion": 1,
+                "NodeType": int(f.node_type[node]),
+                "NumPorts": int(f.nports[node]),
+                "SystemImageGUID": int(f.sysimg_guid[node]),
+                "NodeGUID": int(f.node_guid[node]),
+                "PortGUID": int(f.port_guid[node, 0]) if sw else 0,
+                "PartitionCap": 8 if sw else 128,
+                "DeviceID": int(f.device_id[node]),
+                "Revision": 0,
+                "LocalPortNum": 0,
+                "VendorID": int(f.vendor_id[node]) & 0xFFFFFF,
+            }
+        ).ljust(64, b"\0")
+
+    def _h_node_info(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        if is_set:
+            return data, _UNSUPPORTED
+        key = node * self._P + in_port
+        b = self._ni_cache.get(key)
+        if b is None:
+            b = self._ni_base[node]
+            if not self._is_sw[node]:
+                pg = int(self.fabric.port_guid[node, in_port])
+                b = b[:_NI_PORT_GUID] + pg.to_bytes(8, "big") + b[_NI_PORT_GUID + 8 :]
+            b = b[:_NI_LOCAL_PORT] + bytes((in_port,)) + b[_NI_LOCAL_PORT + 1 :]
+            self._ni_cache[key] = b
+        return b, _OK
+
+    def _h_node_desc(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        if is_set:
+            return data, _UNSUPPORTED
+        return self._nd[node], _OK
+
+    def _h_guid_info(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        # GUIDCap is 1: block 0 only, holding the port GUID, which a Set cannot change.
+        if attr_mod != 0:
+            return data, _INVALID
+        port = 0 if self._is_sw[node] else in_port
+        return int(self.fabric.port_guid[node, port]).to_bytes(8, "big"), _OK
+
+    def _h_sm_info(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        port = 0 if self._is_sw[node] else in_port
+        rec = self.sm_info.get((node, port))
+        if rec is None or is_set:
+            return data, _UNSUPPORTED  # no SM behind this port / handover is the SMs' business
+        out = SM_INFO.pack(
+            {
+                "GUID": rec.guid,
+                "SM_Key": rec.sm_key,
+                "ActCount": rec.act_count & 0xFFFFFFFF,
+                "Priority": rec.priority,
+                "SMState": int(rec.state),
+            }
+        )
+        return out, _OK
+
+    def _h_switch_info(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        row = self._sw_row[node]
+        if row < 0:
+            return data, _UNSUPPORTED
+        status = _OK
+        if is_set:
+            v = SWITCH_INFO.unpack(data)
+            top = int(v["LinearFDBTop"])
+            if top >= self.lft_cap:
+                status = _INVALID
+            else:
+                self.lft_top[row] = top
+                self.life_time[row] = int(v["LifeTimeValue"])
+                if v["PortStateChange"]:
+                    self.port_state_change[row] = False  # writing 1 clears it
+        return self._switch_info_bytes(row), status
+
+    def _switch_info_bytes(self, row: int) -> bytes:
+        return SWITCH_INFO.pack(
+            {
+                "LinearFDBCap": self.lft_cap,
+                "RandomFDBCap": 0,
+                "MulticastFDBCap": 0,
+                "LinearFDBTop": int(self.lft_top[row]),
+                "DefaultPort": 0,
+                "DefaultMulticastPrimaryPort": 0xFF,
+                "DefaultMulticastNotPrimaryPort": 0xFF,
+                "LifeTimeValue": int(self.life_time[row]),
+                "PortStateChange": int(self.port_state_change[row]),
+                "LIDsPerPort": 0,
+                "PartitionEnforcementCap": 0,
+                "EnhancedPort0": 0,
+            }
+        )
+
+    def _h_lft(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        row = self._sw_row[node]
+        if row < 0:
+            return data, _UNSUPPORTED
+        if attr_mod >= self.lft_cap // LFT_BLOCK:
+            return data, _INVALID
+        lo = attr_mod * LFT_BLOCK
+        if is_set:
+            self.lft[row, lo : lo + LFT_BLOCK] = np.frombuffer(data, np.uint8, LFT_BLOCK)
+        return self.lft[row, lo : lo + LFT_BLOCK].tobytes(), _OK
+
+    def _h_port_info(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        if attr_mod == 0 and not self._is_sw[node]:
+            port = in_port
+        elif attr_mod > self._nports[node]:
+            return data, _INVALID
+        else:
+            port = attr_mod
+        status = self._set_port_info(node, port, data) if is_set else _OK
+        key = node * self._P + port
+        b = self._pi_cache.get(key)
+        if b is None:
+            if key in self._pi_stale:
+                b = self._port_info_bytes(node, port)
+                self._pi_stale.discard(key)
+                self._pi_rows[key] = np.frombuffer(b, np.uint8)
+            else:
+                b = self._pi_rows[key].tobytes()
+            self._pi_cache[key] = b
+        return b[:_PI_LOCAL_PORT] + bytes((in_port,)) + b[_PI_LOCAL_PORT + 1 :], status
+
+    def _port_info_bytes(self, node: int, port: int) -> bytes:
+        f = self.fabric
+        e = 0 if self._is_sw[node] else port  # where LID, LMC and the SM fields live
+        speed = int(f.speed_active[node, port])
+        cap = int(f.speed_cap[node, port])
+        caps = int(self.capability_mask[node, port])
+        if (node, e) in self.sm_info:
+            caps |= int(PortCap.IS_SM)
+        return PORT_INFO.pack(
+            {
+                "M_Key": int(self.m_key[node, e]),
+                "GIDPrefix": int(self.gid_prefix[node, e]),
+                "LID": int(f.lid[node, e]),
+                "MasterSMLID": int(self.master_sm_lid[node, e]),
+                "CapabilityMask": caps,
+                "M_KeyLeasePeriod": int(self.m_key_lease[node, e]),
+                "LocalPortNum": 0,
+                "LinkWidthEnabled": int(self.width_enabled[node, port]),
+                "LinkWidthSupported": int(f.width_cap[node, port]),
+                "LinkWidthActive": int(f.width_active[node, port]),
+                "LinkSpeedSupported": _LS_SUP[cap],
+                "PortState": int(f.state[node, port]),
+                "PortPhysicalState": int(f.phys_state[node, port]),
+                "LinkDownDefaultState": int(PhysState.POLLING),
+                "M_KeyProtectBits": int(self.m_key_protect[node, e]),
+                "LMC": int(f.lmc[node, e]),
+                "LinkSpeedActive": _LS_ACT[speed],
+                "LinkSpeedEnabled": int(self.speed_enabled[node, port]),
+                "NeighborMTU": int(f.mtu_active[node, port]),
+                "MasterSMSL": int(self.master_sm_sl[node, e]),
+                "VLCap": int(f.vl_cap[node, port]),
+                "VLHighLimit": int(self.vl_high_limit[node, port]),
+                "VLArbitrationHighCap": 8,
+                "VLArbitrationLowCap": 8,
+                "MTUCap": int(f.mtu_cap[node, port]),
+                "VLStallCount": int(self.vl_stall[node, port]),
+                "HOQLife": int(self.hoq_life[node, port]),
+                "OperationalVLs": int(f.op_vls[node, port]),
+                "GUIDCap": 1,
+                "SubnetTimeOut": int(self.subnet_timeout[node, e]),
+                "RespTimeValue": 16,
+                "LinkSpeedExtActive": _LSE_ACT[speed],
+                "LinkSpeedExtSupported": _LSE_SUP[cap],
+                "LinkSpeedExtEnabled": int(self.speed_ext_enabled[node, port]),
+            }
+        )
+
+    def _port_info_rows(self) -> npt.NDArray[np.uint8]:
+        """Every port's PortInfo image at once (the same bytes as :meth:`_port_info_bytes`)."""
+        f = self.fabric
+        n, pp = self._n, self._P
+        node = np.repeat(np.arange(n), pp)
+        port = np.tile(np.arange(pp), n)
+        e = np.where(f.node_type[node] == NodeType.SWITCH, 0, port)
+        caps = self.capability_mask[node, port].astype(np.uint64)
+        for nd, pt in self.sm_info:
+            caps[(node == nd) & (e == pt)] |= np.uint64(PortCap.IS_SM)
+        speed = f.speed_active[node, port].astype(np.intp)
+        cap = f.speed_cap[node, port].astype(np.intp)
+        values: dict[str, npt.ArrayLike] = {
+            "M_Key": self.m_key[node, e],
+            "GIDPrefix": self.gid_prefix[node, e],
+            "LID": f.lid[node, e],
+            "MasterSMLID": self.master_sm_lid[node, e],
+            "CapabilityMask": caps,
+            "M_KeyLeasePeriod": self.m_key_lease[node, e],
+            "LinkWidthEnabled": self.width_enabled[node, port],
+            "LinkWidthSupported": f.width_cap[node, port],
+            "LinkWidthActive": f.width_active[node, port],
+            "LinkSpeedSupported": np.array(_LS_SUP)[cap],
+            "PortState": f.state[node, port],
+            "PortPhysicalState": f.phys_state[node, port],
+            "LinkDownDefaultState": int(PhysState.POLLING),
+            "M_KeyProtectBits": self.m_key_protect[node, e],
+            "LMC": f.lmc[node, e],
+            "LinkSpeedActive": np.array(_LS_ACT)[speed],
+            "LinkSpeedEnabled": self.speed_enabled[node, port],
+            "NeighborMTU": f.mtu_active[node, port],
+            "MasterSMSL": self.master_sm_sl[node, e],
+            "VLCap": f.vl_cap[node, port],
+            "VLHighLimit": self.vl_high_limit[node, port],
+            "VLArbitrationHighCap": 8,
+            "VLArbitrationLowCap": 8,
+            "MTUCap": f.mtu_cap[node, port],
+            "VLStallCount": self.vl_stall[node, port],
+            "HOQLife": self.hoq_life[node, port],
+            "OperationalVLs": f.op_vls[node, port],
+            "GUIDCap": 1,
+            "SubnetTimeOut": self.subnet_timeout[node, e],
+            "RespTimeValue": 16,
+            "LinkSpeedExtActive": np.array(_LSE_ACT)[speed],
+            "LinkSpeedExtSupported": np.array(_LSE_SUP)[cap],
+            "LinkSpeedExtEnabled": self.speed_ext_enabled[node, port],
+        }
+        return _pack_rows(PORT_INFO, values, n * pp)
+
+    def _set_port_info(self, node: int, port: int, data: bytes) -> int:
+        """Check a PortInfo Set as a whole, then copy in what the port accepts; MAD status.
+
+        PortState: 0 or the current state: no change; DOWN from any state (the link
+        drops and retrains, both ends come back in INIT); ARMED from INIT; ACTIVE from
+        ARMED; anything else is refused with INVALID_FIELD and nothing changes.
+        PortPhysicalState: 0 or the current one: no change; POLLING enables a disabled
+        port; DISABLED takes the link down and keeps it down.
+        LID, LMC, MasterSMLID, MasterSMSL, M_Key, GIDPrefix, SubnetTimeOut apply to end
+        ports only (switch port 0, CA ports). NeighborMTU and OperationalVLs (0 = no
+        change) are capped at MTUCap and VLCap. State fields of switch port 0 are ignored.
+        """
+        f = self.fabric
+        v = PORT_INFO.unpack(data)
+        mgmt = self._is_sw[node] and port == 0
+        end = self._is_endport(node, port)
+        cur = int(f.state[node, port])
+        want = int(v["PortState"])
+        new_state: int | None = None
+        if mgmt or want == 0 or (want == cur and want != PortState.DOWN):
+            pass  # a read-modify-write sends the current state back: no change
+        elif want == PortState.DOWN:
+            new_state = PortState.DOWN
+        elif (want, cur) in ((PortState.ARMED, PortState.INIT), (PortState.ACTIVE, PortState.ARMED)):
+            new_state = want
+        else:
+            return _INVALID
+        phys = 0 if mgmt else int(v["PortPhysicalState"])
+        if phys == f.phys_state[node, port] and phys != PhysState.POLLING:
+            phys = 0
+        if phys not in (0, PhysState.POLLING, PhysState.DISABLED):
+            return _INVALID
+        lid, lmc = int(v["LID"]), int(v["LMC"])
+        if end and lid and lid + (1 << lmc) - 1 > MAX_UNICAST_LID:
+            return _INVALID
+        mtu, vls = int(v["NeighborMTU"]), int(v["OperationalVLs"])
+        if mtu > 5 or vls > 5:
+            return _INVALID
+        # -- accepted: copy in
+        if end:
+            self._set_lid(node, port, lid, lmc)
+            self.master_sm_lid[node, port] = v["MasterSMLID"]
+            self.master_sm_sl[node, port] = v["MasterSMSL"]
+            self.m_key[node, port] = v["M_Key"]
+            self.m_key_lease[node, port] = v["M_KeyLeasePeriod"]
+            self.m_key_protect[node, port] = v["M_KeyProtectBits"]
+            self.gid_prefix[node, port] = v["GIDPrefix"]
+            self.subnet_timeout[node, port] = v["SubnetTimeOut"]
+        if mtu:
+            f.mtu_active[node, port] = min(mtu, int(f.mtu_cap[node, port]))
+        if vls:
+            f.op_vls[node, port] = min(vls, int(f.vl_cap[node, port]))
+        w = int(v["LinkWidthEnabled"])
+        if w:
+            self.width_enabled[node, port] = f.width_cap[node, port] if w == 0xFF else w & 0x1F
+        s = int(v["LinkSpeedEnabled"])
+        if s:
+            cap = int(f.speed_cap[node, port])
+            sup = speed_supported_portinfo(speeds_up_to(Speed(cap)))[0] if cap else 0
+            self.speed_enabled[node, port] = sup if s == 0xF else s
+        self.vl_high_limit[node, port] = v["VLHighLimit"]
+        self.hoq_life[node, port] = v["HOQLife"]
+        self.vl_stall[node, port] = v["VLStallCount"]
+        self._forget_port_info(node, port)
+        changed: set[int] = set()
+        if phys == PhysState.DISABLED and not self.disabled[node, port]:
+            self.disabled[node, port] = True
+            changed |= self._retrain(node, port)
+        elif phys == PhysState.POLLING and self.disabled[node, port]:
+            self.disabled[node, port] = False
+            f.phys_state[node, port] = PhysState.POLLING
+            changed |= self._retrain(node, port)
+        if new_state == PortState.DOWN:
+            if f.phys_state[node, port] == PhysState.LINKUP:
+                changed |= self._take_down(node, port)
+                changed |= self._retrain(node, port)
+        elif new_state is not None:
+            f.state[node, port] = new_state
+            self._sync_port(node, port)
+        self._raise_traps(changed)
+        return _OK
+
+    def _set_lid(self, node: int, port: int, lid: int, lmc: int) -> None:
+        f = self.fabric
+        key = node * self._P + port
+        old, old_lmc = int(f.lid[node, port]), int(f.lmc[node, port])
+        if old == lid and old_lmc == lmc:
+            return
+        if old:
+            seg = self._lid_owner[old : old + (1 << old_lmc)]
+            seg[seg == key] = -1
+        f.lid[node, port] = lid
+        f.lmc[node, port] = lmc
+        if lid:
+            self._lid_owner[lid : lid + (1 << lmc)] = key
+        self._forget_port_info(node, port)
+
+    # -- PerfMgt handlers ---------------------------------------------------------------
+
+    def _h_class_port_info(
+        self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool
+    ) -> tuple[bytes, int]:
+        if is_set:
+            return data, _UNSUPPORTED
+        cap = int(PerfCap.IS_PORT_XMIT_WAIT_SUPPORTED)
+        if self.pma_ext_width[node]:
+            cap |= int(PerfCap.IS_EXTENDED_WIDTH_SUPPORTED)
+        if self._is_sw[node]:
+            cap |= int(PerfCap.IS_ALL_PORT_SELECT_SUPPORTED)
+        out = CLASS_PORT_INFO.pack({"BaseVersion": 1, "ClassVersion": 1, "CapabilityMask": cap, "RespTimeValue": 18})
+        return out, _OK
+
+    def _pma_ports(self, node: int, select: int) -> list[int] | None:
+        """Ports a PortSelect names: one port, or every port of a switch for 0xFF."""
+        if select == 0xFF and self._is_sw[node]:
+            return list(range(1, self._nports[node] + 1))
+        if select > self._nports[node] or (select == 0 and not self._is_sw[node]):
+            return None
+        return [select]
+
+    def _h_port_counters(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        select = data[1]
+        ports = self._pma_ports(node, select)
+        if ports is None:
+            return data, _INVALID
+        if is_set:
+            v = PORT_COUNTERS.unpack(data)
+            sel2 = int(v["CounterSelect2"])
+            mask = int(v["CounterSelect"]) | (sel2 & 1) << Counter.XMIT_WAIT | (sel2 >> 1 & 1) << Counter.QP1_DROPPED
+            sel = [i for i in range(N_PC32) if mask >> i & 1]
+            if sel:
+                want = np.array([int(v[_PC32_FIELDS[i]]) for i in sel], np.uint64)
+                for p in ports:
+                    self._base32[node, p, sel] = self.counters[node, p, sel] - want
+        if len(ports) == 1:
+            diff = (self.counters[node, select, :N_PC32] - self._base32[node, select]).tolist()
+            vals = [d if d < top else top for d, top in zip(diff, _PC32_MAX_LIST, strict=True)]
+        else:
+            per_port = self.counters[node, ports, :N_PC32] - self._base32[node, ports]
+            total = np.minimum(per_port, _PC32_MAX).sum(axis=0, dtype=np.uint64)
+            vals = np.minimum(total, _PC32_MAX).tolist()
+        out: dict[str, int] = dict(zip(_PC32_FIELDS, vals, strict=True))
+        out["PortSelect"] = select
+        return PORT_COUNTERS.pack(out), _OK
+
+    def _h_port_counters_ext(
+        self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool
+    ) -> tuple[bytes, int]:
+        if not self.pma_ext_width[node]:
+            return data, _UNSUPPORTED
+        select = data[1]
+        ports = self._pma_ports(node, select)
+        if ports is None:
+            return data, _INVALID
+        if is_set:
+            v = PORT_COUNTERS_EXT.unpack(data)
+            mask = int(v["CounterSelect"])
+            sel = [i for i in range(len(_PCX_FIELDS)) if mask >> i & 1]
+            if sel:
+                want = np.array([int(v[_PCX_FIELDS[i]]) for i in sel], np.uint64)
+                cidx = _PCX_COUNTERS[sel]
+                for p in ports:
+                    self._base64[node, p, sel] = self.counters[node, p, cidx] - want
+        diff = self.counters[node, ports][:, _PCX_COUNTERS] - self._base64[node, ports]
+        out: dict[str, int] = dict(zip(_PCX_FIELDS, diff.sum(axis=0, dtype=np.uint64).tolist(), strict=True))
+        out["PortSelect"] = select
+        return PORT_COUNTERS_EXT.pack(out), _OK
+
+    # -- physical events ------------------------------------------------------------------
+
+    def _check_port(self, node: int, port: int) -> None:
+        if not 0 <= node < self._n:
+            raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
+        if not 1 <= port <= self._nports[node]:
+            raise EmulatorError(f"{self.fabric.port_name(node, port)}: no such port (1..{self._nports[node]})")
+
+    def _cabled(self, node: int, port: int) -> tuple[int, int]:
+        self._check_port(node, port)
+        k = node * self._P + port
+        m = self._pn[k]
+        if m == NO_PEER:
+            raise EmulatorError(f"{self.fabric.port_name(node, port)}: no cable")
+        return m, self._pp[k]
+
+    def _should_be_up(self, node: int, port: int) -> bool:
+        k = node * self._P + port
+        m, q = self._pn[k], self._pp[k]
+        return bool(
+            m != NO_PEER
+            and self._present[node]
+            and self._present[m]
+            and self.cable_up[node, port]
+            and not self.disabled[node, port]
+            and not self.disabled[m, q]
+        )
+
+    def _ends(self, node: int, port: int) -> list[tuple[int, int]]:
+        k = node * self._P + port
+        m = self._pn[k]
+        return [(node, port)] if m == NO_PEER else [(node, port), (m, self._pp[k])]
+
+    def _take_down(self, node: int, port: int) -> set[int]:
+        """The link at (node, port) drops: both ends DOWN; LinkDowned counts; PortStateChange."""
+        f = self.fabric
+        if f.phys_state[node, port] != PhysState.LINKUP:
+            return set()
+        ends = self._ends(node, port)
+        f.link_down(node, port)
+        for a, b in ends:
+            if self.disabled[a, b]:
+                f.phys_state[a, b] = PhysState.DISABLED
+            self.counters[a, b, Counter.LINK_DOWNED] += np.uint64(1)
+            self._sync_port(a, b)
+        return self._mark_state_change(ends)
+
+    def _retrain(self, node: int, port: int) -> set[int]:
+        """Bring the link at (node, port) to what cable, presence and Disable allow."""
+        f = self.fabric
+        up = f.phys_state[node, port] == PhysState.LINKUP
+        want = self._should_be_up(node, port)
+        if up and not want:
+            return self._take_down(node, port)
+        if want and not up:
+            ends = self._ends(node, port)
+            f.link_up(node, port, state=PortState.INIT)
+            for a, b in ends:
+                self._sync_port(a, b)
+            return self._mark_state_change(ends)
+        if not up and self.disabled[node, port] and f.phys_state[node, port] != PhysState.DISABLED:
+            f.phys_state[node, port] = PhysState.DISABLED
+            self._sync_port(node, port)
+        return set()
+
+    def _mark_state_change(self, ends: list[tuple[int, int]]) -> set[int]:
+        out: set[int] = set()
+        for a, _ in ends:
+            r = self._sw_row[a]
+            if r >= 0 and self._present[a]:
+                self.port_state_change[r] = True
+                out.add(a)
+        return out
+
+    def link_down(self, node: int, port: int) -> None:
+        """The link at (node, port) fails (cable pulled): both ends DOWN/POLLING."""
+        m, q = self._cabled(node, port)
+        self.cable_up[node, port] = self.cable_up[m, q] = False
+        self._raise_traps(self._retrain(node, port))
+
+    def link_up(self, node: int, port: int) -> None:
+        """The cable at (node, port) carries signal again: both ends train to INIT (LinkUp).
+
+        A link whose end is disabled or whose node is removed stays down.
+        """
+        m, q = self._cabled(node, port)
+        self.cable_up[node, port] = self.cable_up[m, q] = True
+        self._raise_traps(self._retrain(node, port))
+
+    def remove_node(self, node: int) -> None:
+        """The node vanishes (power loss): its links go down and it answers nothing."""
+        if not 0 <= node < self._n:
+            raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
+        if node == self.sm_node:
+            raise EmulatorError(f"node {self.fabric.names[node]!r} carries the SM; it cannot be removed")
+        if not self._present[node]:
+            return
+        self._present[node] = 0
+        changed: set[int] = set()
+        for p in range(1, self._nports[node] + 1):
+            changed |= self._retrain(node, p)
+        changed.discard(node)
+        self._raise_traps(changed)
+
+    def restore_node(self, node: int, *, reset: bool = True) -> None:
+        """The node comes back (power on): its cabled links train to INIT.
+
+        With ``reset`` (a power cycle) its LIDs, LFT, SwitchInfo, PortInfo settings
+        and counters start from scratch.
+        """
+        if not 0 <= node < self._n:
+            raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
+        if self._present[node]:
+            return
+        self._present[node] = 1
+        if reset:
+            self._reset_node(node)
+        changed: set[int] = set()
+        for p in range(1, self._nports[node] + 1):
+            changed |= self._retrain(node, p)
+        self._raise_traps(changed)
+
+    def is_present(self, node: int) -> bool:
+        return bool(self._present[node])
+
+    def _reset_node(self, node: int) -> None:
+        f = self.fabric
+        ex = f.port_exists[node]
+        for p in np.flatnonzero(ex).tolist():
+            if self._is_endport(node, p):
+                self._set_lid(node, p, 0, 0)
+        for arr in (
+            self.master_sm_lid,
+            self.master_sm_sl,
+            self.m_key,
+            self.m_key_lease,
+            self.m_key_protect,
+            self.subnet_timeout,
+            self.vl_high_limit,
+        ):
+            arr[node] = 0
+        self.gid_prefix[node] = DEFAULT_GID_PREFIX
+        self.disabled[node] = False
+        self.width_enabled[node] = np.where(ex, f.width_cap[node], 0)
+        f.mtu_active[node] = np.where(ex, f.mtu_cap[node], 0)
+        f.op_vls[node] = np.where(ex, 1, 0)
+        self.counters[node] = 0
+        self._base32[node] = 0
+        self._base64[node] = 0
+        self._residue[:, node] = 0.0
+        r = self._sw_row[node]
+        if r >= 0:
+            self.lft[r] = _NO_ROUTE
+            self.lft_top[r] = 0
+            self.port_state_change[r] = False
+            self.life_time[r] = 18
+        for p in range(self._nports[node] + 1):
+            self._forget_port_info(node, p)
+
+    # -- traps ----------------------------------------------------------------------------
+
+    def _raise_traps(self, switches: set[int]) -> None:
+        for sw in sorted(switches):
+            if self._present[sw]:
+                self._trap128(sw)
+
+    def _trap128(self, sw: int) -> None:
+        """Trap 128 from ``sw`` to its MasterSMLID, if it has a LID and its LFTs lead there."""
+        f = self.fabric
+        lid = int(f.lid[sw, 0])
+        sm_lid = int(self.master_sm_lid[sw, 0])
+        sm_key = self.sm_node * self._P + self.sm_port
+        end = self._walk_lid(sw, 0, sm_lid, False) if lid and sm_lid else None
+        if end is None or end[0] != self.sm_node or int(self._lid_owner[sm_lid]) != sm_key:
+            self.stats.traps_dropped += 1
+            return
+        self._trap_tid = self._trap_tid + 1 if self._trap_tid < 0xFFFFFFFF else 1
+        self.traps.append(trap_mad(trap128_pack(lid), self._trap_tid))
+        self.stats.traps_sent += 1
+        if self.on_trap is not None:
+            self.on_trap()
+
+    # -- counters -------------------------------------------------------------------------
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of traffic flow: every sending port's counters grow by its rates.
+
+        PortXmitData/PortRcvData count 4-byte words; the receive side of a link mirrors
+        its peer's transmit side. Fractions carry over to the next call.
+        """
+        if seconds < 0:
+            raise EmulatorError(f"advance: negative time {seconds}")
+        shape = (self._n, self._P)
+        rates = self.traffic.rates(self)
+        for name, r in zip(("bytes", "packets", "XmitWait"), rates, strict=True):
+            if np.shape(r) != shape:
+                raise EmulatorError(f"traffic {name} rates have shape {np.shape(r)}, expected {shape}")
+        live = self.data_mask()
+        xb, xp, xw = (np.clip(np.asarray(r, np.float64), 0.0, None) for r in rates)
+        words = self._accumulate(0, xb / 4.0, seconds, live)
+        pkts = self._accumulate(1, xp, seconds, live)
+        wait = self._accumulate(2, xw, seconds, live)
+        c = self.counters
+        c[..., Counter.XMIT_DATA] += words
+        c[..., Counter.XMIT_PKTS] += pkts
+        c[..., Counter.UNICAST_XMIT_PKTS] += pkts
+        c[..., Counter.XMIT_WAIT] += wait
+        f = self.fabric
+        src = np.nonzero(f.peer_node != NO_PEER)
+        dst = (f.peer_node[src].astype(np.intp), f.peer_port[src].astype(np.intp))
+        for in_c, val in (
+            (Counter.RCV_DATA, words),
+            (Counter.RCV_PKTS, pkts),
+            (Counter.UNICAST_RCV_PKTS, pkts),
+        ):
+            rcv = np.zeros(shape, np.uint64)
+            rcv[dst] = val[src]  # a port receives what its peer sent
+            c[..., in_c] += rcv
+        self.time += seconds
+
+    def _accumulate(
+        self, i: int, rate: npt.NDArray[np.float64], seconds: float, live: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.uint64]:
+        tot = np.where(live, rate * seconds, 0.0) + self._residue[i]
+        whole = np.floor(tot)
+        self._residue[i] = tot - whole
+        return whole.astype(np.uint64)
+
+    def add_counter(self, node: int, port: int, counter: Counter, amount: int = 1) -> None:
+        """Raise one counter of one port (error injection)."""
+        if not self.fabric.port_exists[node, port]:
+            raise EmulatorError(f"{self.fabric.port_name(node, port)}: no such port")
+        if amount < 0:
+            raise EmulatorError(f"counter increments are not negative ({amount})")
+        self.counters[node, port, counter] += np.uint64(amount)
+
+    # -- set-up helpers for tests and tools -------------------------------------------------
+
+    def set_sm(
+        self,
+        node: int,
+        port: int,
+        *,
+        priority: int = 0,
+        state: SmState = SmState.NOT_ACTIVE,
+        guid: int | None = None,
+        sm_key: int = 0,
+        act_count: int = 0,
+    ) -> SmRecord:
+        """Declare an SM behind (node, port) (port 0 on a switch): it answers SMInfo, IsSM is set."""
+        f = self.fabric
+        if self._is_sw[node]:
+            port = 0
+        elif not f.port_exists[node, port]:
+            raise EmulatorError(f"{f.port_name(node, port)}: no such port")
+        rec = SmRecord(
+            int(f.port_guid[node, port]) if guid is None else guid, sm_key, act_count, priority, SmState(state)
+        )
+        self.sm_info[(node, port)] = rec
+        self._forget_port_info(node, port)
+        return rec
+
+    def apply_subnet(
+        self,
+        base: npt.NDArray[np.integer],
+        lmc: int = 0,
+        lft: npt.NDArray[np.uint8] | None = None,
+        *,
+        state: PortState | None = PortState.ACTIVE,
+    ) -> None:
+        """Configure the fabric as an SM would have: LIDs (``base[node, port]``, e.g.
+        ``LidMap.base``), MasterSMLID = the SM port's LID, LFTs (rows as
+        ``fabric.switches``, LinearFDBTop = last column) and every LinkUp port in ``state``.
+        PortStateChange is cleared everywhere.
+        """
+        f = self.fabric
+        if base.shape != f.lid.shape:
+            raise EmulatorError(f"LID array shape {base.shape}, fabric ports are {f.lid.shape}")
+        if not 0 <= lmc <= 7:
+            raise EmulatorError(f"LMC {lmc} outside 0..7")
+        if lft is not None and (lft.ndim != 2 or lft.shape[0] != self.lft.shape[0] or lft.shape[1] > self.lft_cap):
+            raise EmulatorError(
+                f"LFT shape {lft.shape}: need {self.lft.shape[0]} switch rows and at most {self.lft_cap} LIDs"
+            )
+        if state is not None and state < PortState.INIT:
+            raise EmulatorError(f"apply_subnet: port state {state!r} is not INIT, ARMED or ACTIVE")
+        ends = self._endport_mask()
+        b = np.where(ends, base, 0).astype(np.int64)
+        if b.max(initial=0) + (1 << lmc) - 1 > MAX_UNICAST_LID:
+            raise EmulatorError(f"LIDs beyond the unicast range with LMC {lmc}")
+        f.lid[:] = b.astype(np.uint16)
+        f.lmc[:] = np.where(ends, lmc, 0)
+        self.master_sm_lid[:] = np.where(ends, f.lid[self.sm_node, self.sm_port], 0)
+        if lft is not None:
+            self.lft[:] = _NO_ROUTE
+            self.lft[:, : lft.shape[1]] = lft
+            self.lft_top[:] = lft.shape[1] - 1
+        if state is not None:
+            up = (f.peer_node != NO_PEER) & (f.phys_state == PhysState.LINKUP)
+            f.state[up] = state
+        self.port_state_change[:] = False
+        self._rebuild()
+
+    def dr_path(self, node: int) -> tuple[int, ...]:
+        """A shortest directed route from the SM to ``node`` over LinkUp ports (for tests, tools)."""
+        path = self.dr_paths()[node]
+        if path is None:
+            raise EmulatorError(f"no directed route to {self.fabric.names[node]!r}")
+        return path
+
+    def dr_paths(self) -> list[tuple[int, ...] | None]:
+        """Shortest directed routes from the SM to every node (None: unreachable), by one BFS."""
+        start = self.sm_node
+        paths: list[tuple[int, ...] | None] = [None] * self._n
+        paths[start] = ()
+        frontier = [start]
+        stride, flags, pn, nports = self._P, self._flags, self._pn, self._nports
+        while frontier:
+            nxt: list[int] = []
+            for a in frontier:
+                if a == start and not self._is_sw[a]:
+                    ports: range | tuple[int] = (self.sm_port,)
+                elif self._is_sw[a]:
+                    ports = range(1, nports[a] + 1)
+                else:
+                    continue  # a CA does not forward
+                here = paths[a]
+                assert here is not None
+                for p in ports:
+                    k = a * stride + p
+                    b = pn[k]
+                    if flags[k] & _F_LINK and paths[b] is None:
+                        paths[b] = (*here, p)
+                        nxt.append(b)
+            frontier = nxt
+        return paths
+
+
+def _pack_rows(layout: Layout, values: dict[str, npt.ArrayLike], count: int) -> npt.NDArray[np.uint8]:
+    """Pack ``count`` attributes at once from per-field arrays (or scalars): ``uint8[count, size]``.
+
+    The vector twin of ``Layout.pack`` for fields up to 64 bits: each field is cut into
+    the bytes it spans, with the spec's big-endian bit numbering.
+    """
+    out = np.zeros((count, layout.size), np.uint8)
+    for name, val in values.items():
+        fd = layout.field(name)
+        v = np.broadcast_to(np.asarray(val).astype(np.uint64), (count,))
+        if fd.is_bytes or (v.size and int(v.max()) > fd.max_value):
+            raise FieldValueError(f"{layout.name}.{name}: values do not fit {fd.width} bits")
+        o, e = fd.offset, fd.end
+        for b in range(o // 8, (e - 1) // 8 + 1):
+            lo, hi = max(o, 8 * b), min(e, 8 * b + 8)
+            part = (v >> np.uint64(e - hi)) & np.uint64((1 << (hi - lo)) - 1)
+            out[:, b] |= (part << np.uint64(8 * b + 8 - hi)).astype(np.uint8)
+    return out
+
+
+def _fit_desc(text: str) -> str:
+    """NodeDescription holds 64 bytes of UTF-8: cut longer text on a character boundary."""
+    raw = text.encode("utf-8")[:64]
+    return raw.decode("utf-8", "ignore")
