@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from fabric.errors import IbfmError
+from fabric.mad import Method, SmpAttr, notice_unpack, parse_mad, trap_repress
 from fabric.model import Fabric, NodeType
 from sm.creditflow import CreditLoop, find_credit_loops
 from sm.discover import Discovery, discover
@@ -50,6 +52,8 @@ from sm.routing.base import Lft, RoutingOptions, route
 from sm.sweep import FlapDamper, LightSweep, apply_changes, hold_down, light_sweep
 from sm.transport.base import WindowedTransport
 from sm.verify import VerifyReport, verify_routes
+
+log = logging.getLogger("ibfm.sm")
 
 
 class SweepError(IbfmError):
@@ -163,7 +167,21 @@ class FabricManager:
         while not stop.is_set():
             trap = await self.transport.next_trap(timeout=1.0)
             if trap is not None:
+                self._repress([trap])
                 self.request_sweep("trap")
+
+    def _repress(self, traps: list[bytes]) -> None:
+        """Answer each trap with a TrapRepress to its issuer, so it stops repeating it."""
+        for trap in traps:
+            try:
+                m = parse_mad(trap)
+                if m.method != Method.TRAP or m.attr_id != SmpAttr.NOTICE:
+                    continue
+                issuer = int(notice_unpack(m.data)["IssuerLID"])
+                if issuer:
+                    self.transport.post(trap_repress(trap), issuer)
+            except (IbfmError, ValueError, KeyError) as e:
+                log.warning("cannot repress trap: %s", e)
 
     # -- sweeps -------------------------------------------------------------------
 
@@ -172,7 +190,7 @@ class FabricManager:
         async with self._lock:
             self._wake.clear()
             self._reasons.clear()
-            self.transport.pending_traps()  # every queued trap is covered by this sweep
+            self._repress(self.transport.pending_traps())  # every queued trap is covered by this sweep
             prev = self.snapshot
             if prev is None or self._force_heavy:
                 return await self._heavy(None, kind_changes=0)

@@ -172,6 +172,13 @@ class WindowedTransport(ABC):
 
     # -- caller side ----------------------------------------------------------
 
+    def post(self, mad: bytes, route: Route) -> None:
+        """Send a MAD that gets no answer (a TrapRepress), as is: no TID, window or retry."""
+        if self._closed:
+            raise TransportError("transport is closed")
+        self.stats.sent += 1
+        self._post(mad, route)
+
     async def send(
         self, mad: bytes, route: Route, *, timeout: float | None = None, retries: int | None = None
     ) -> bytes:

@@ -563,13 +563,6 @@ class UmadTransport(WindowedTransport):
 
     # -- wire -----------------------------------------------------------------
 
-    def post(self, mad: bytes, route: Route) -> None:
-        """Send a MAD that gets no answer (a TrapRepress), as is: no TID, window or retry."""
-        if self._closed:
-            raise TransportError("transport is closed")
-        self.stats.sent += 1
-        self._post(mad, route)
-
     def _post(self, mad: bytes, route: Route) -> None:
         lib, buf = self._lib, self._send_buf
         if lib is None or buf is None or self._portid < 0:
