@@ -80,7 +80,7 @@ def test_corrupt_and_conflicting_entries_warn_and_only_those_move(tmp_path: Path
     guids = sorted(plan.guid2lid, key=lambda g: plan.guid2lid[g])
     path = tmp_path / "guid2lid"
     write_guid2lid(path, plan.guid2lid)
-    lines = path.read_text().splitlines()
+    lines = [ln for ln in path.read_text().splitlines() if ln]
     # line 2: garbage; the last GUID claims the first GUID's LID.
     lines[1] = "this is not a guid line"
     first_lid = plan.guid2lid[guids[0]][0]
@@ -125,3 +125,16 @@ def test_lmc_change_reassigns_misaligned(tmp_path: Path) -> None:
 def test_bad_lmc() -> None:
     with pytest.raises(ValueError):
         assign_lids(small_fabric(), lmc=8)
+
+
+def test_atomic_write_honours_the_umask(tmp_path: Path) -> None:
+    import os
+
+    from fabric.fileio import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "f", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
