@@ -7,8 +7,9 @@ on the last discovery with the change applied when only links between
 known nodes changed, else from a new discovery.
 
 Heavy-sweep stages, each timed, with a barrier after each: discover -> LIDs -> links
-(MTU, VLs) -> routing (engine chain) -> verification and credit-loop check
--> programming (PortInfo, LinearFDBTop, LFT blocks, ARMED, ACTIVE). A
+(MTU, VLs) -> routing (engine chain) -> programming (PortInfo, LinearFDBTop, LFT blocks, ARMED, ACTIVE) ->
+verification and credit-loop check (after the push, so a repair reaches
+the switches first; the result is part of the snapshot and its events). A
 failed stage ends the sweep with an error naming the stage; the next sweep
 starts over. After each sweep an immutable :class:`SubnetSnapshot`
 replaces the previous one whole.
@@ -103,6 +104,8 @@ class SubnetSnapshot:
     phases: dict[str, float]
     lid_warnings: tuple[str, ...]
     smps: int
+    programmed_at: float
+    """Unix time the LFTs and port states of this sweep were in the switches."""
 
     @property
     def sm_lid(self) -> int:
@@ -133,6 +136,7 @@ class FabricManager:
         self._wake = asyncio.Event()
         self._reasons: set[str] = set()
         self._lock = asyncio.Lock()
+        self._trap_lids: set[int] = set()
         self.last_light: LightSweep | None = None
 
     # -- triggers ---------------------------------------------------------------
@@ -167,11 +171,11 @@ class FabricManager:
         while not stop.is_set():
             trap = await self.transport.next_trap(timeout=1.0)
             if trap is not None:
-                self._repress([trap])
+                self._take_traps([trap])
                 self.request_sweep("trap")
 
-    def _repress(self, traps: list[bytes]) -> None:
-        """Answer each trap with a TrapRepress to its issuer, so it stops repeating it."""
+    def _take_traps(self, traps: list[bytes]) -> None:
+        """Answer each trap with a TrapRepress to its issuer and remember who sent it."""
         for trap in traps:
             try:
                 m = parse_mad(trap)
@@ -179,6 +183,7 @@ class FabricManager:
                     continue
                 issuer = int(notice_unpack(m.data)["IssuerLID"])
                 if issuer:
+                    self._trap_lids.add(issuer)
                     self.transport.post(trap_repress(trap), issuer)
             except (IbfmError, ValueError, KeyError) as e:
                 log.warning("cannot repress trap: %s", e)
@@ -190,7 +195,8 @@ class FabricManager:
         async with self._lock:
             self._wake.clear()
             self._reasons.clear()
-            self._repress(self.transport.pending_traps())  # every queued trap is covered by this sweep
+            self._take_traps(self.transport.pending_traps())  # every queued trap is covered by this sweep
+            trap_lids, self._trap_lids = self._trap_lids, set()
             prev = self.snapshot
             if prev is None or self._force_heavy:
                 return await self._heavy(None, kind_changes=0)
@@ -202,7 +208,11 @@ class FabricManager:
                 with contextlib.suppress(KeyError):
                     recheck.append((prev.fabric.by_guid(guid), port))
             try:
-                light = await light_sweep(self.transport, prev.discovery, recheck=recheck)
+                lids = prev.lids
+                hint = [
+                    int(lids.owner_node[x]) for x in trap_lids if x <= lids.max_lid and lids.owner_node[x] >= 0
+                ]
+                light = await light_sweep(self.transport, prev.discovery, recheck=recheck, hint=hint)
             except IbfmError as e:
                 self.events.emit(SweepFailed(stage="light", reason=str(e)))
                 self._force_heavy = True
@@ -324,12 +334,6 @@ class FabricManager:
             except IbfmError as e:
                 self.events.emit(RoutingFailed(reason=str(e)))
                 raise
-        with stage("verify"):
-            report = verify_routes(fabric, lids, routed.lft)
-        loops: list[CreditLoop] = []
-        if cfg.check_credit_loops:
-            with stage("credit_loops"):
-                loops = find_credit_loops(fabric, lids, routed.lft, from_cas=True)
         # A switch we have not seen before, or one that reset (LinearFDBTop 0), holds no LFT we know.
         known = set(self.snapshot.fabric.node_guid.tolist()) if self.snapshot is not None else set()
         for n in fabric.switches.tolist():
@@ -347,6 +351,14 @@ class FabricManager:
                 subnet_prefix=cfg.subnet_prefix,
                 held=self.held,
             )
+        programmed_at = time.time()
+        # Checked after the push, so a repair reaches the switches first; the result is in the snapshot.
+        with stage("verify"):
+            report = verify_routes(fabric, lids, routed.lft)
+        loops: list[CreditLoop] = []
+        if cfg.check_credit_loops:
+            with stage("credit_loops"):
+                loops = find_credit_loops(fabric, lids, routed.lft, from_cas=True)
         self.sweeps += 1
         snap = SubnetSnapshot(
             sweep=self.sweeps,
@@ -364,6 +376,7 @@ class FabricManager:
             phases=phases,
             lid_warnings=tuple(plan.warnings),
             smps=self.transport.stats.sent - sent0 + extra_smps,
+            programmed_at=programmed_at,
         )
         self.snapshot = snap
         return snap

@@ -134,10 +134,24 @@ async def _set_port_infos(
 ) -> None:
     f = d.fabric
     up = f.up_mask()
+    endport = np.zeros_like(up)
+    ep = f.endports()
+    endport[ep[:, 0], ep[:, 1]] = True
+    # Candidates by array compare; the PortInfo as read decides exactly what to send.
+    cand = endport & ((f.lid != lids.base) | (f.lmc != lids.lmc))
+    cand |= up & ((f.mtu_active != links.mtu) | (f.op_vls != links.op_vls))
+    cand[:, 1:] |= up[:, 1:] & (f.state[:, 1:] == PortState.INIT)
+    for n, p in ep.tolist():
+        r = d.port_info.get((n, p))
+        if r is not None and (r.get("MasterSMLID") != sm_lid or r.get("GIDPrefix") != prefix):
+            cand[n, p] = True
     targets: list[tuple[int, int, dict[str, int]]] = []
-    for (node, port), read in d.port_info.items():
+    for node, port in np.argwhere(cand).tolist():
+        read = d.port_info.get((node, port))
+        if read is None:
+            continue
         want: dict[str, int] = {}
-        if f.node_type[node] != NodeType.SWITCH or port == 0:
+        if endport[node, port]:
             want.update(LID=int(lids.base[node, port]), LMC=lids.lmc, MasterSMLID=sm_lid, GIDPrefix=prefix)
         if links.mtu[node, port]:
             want.update(NeighborMTU=int(links.mtu[node, port]), OperationalVLs=int(links.op_vls[node, port]))

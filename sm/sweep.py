@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence, Set
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -84,38 +84,61 @@ def shortest_paths(fabric: Fabric, root: int, root_port: int) -> list[Path | Non
 
 
 async def light_sweep(
-    transport: WindowedTransport, d: Discovery, *, recheck: Sequence[tuple[int, int]] = ()
+    transport: WindowedTransport,
+    d: Discovery,
+    *,
+    recheck: Sequence[tuple[int, int]] = (),
+    hint: Sequence[int] = (),
 ) -> LightSweep:
-    """Find the ports whose link changed since ``d``; ``recheck`` adds ports to read regardless."""
+    """Find the ports whose link changed since ``d``.
+
+    ``hint``: switches that sent a trap; their ports are read first, and the
+    DR paths of everyone else are repaired around the links found down, so
+    the SwitchInfo batch does not wait for timeouts on broken paths.
+    ``recheck``: (node, port) pairs to read regardless of PortStateChange.
+    """
     f = d.fabric
     out = LightSweep()
     sent0 = transport.stats.sent
-    switches = f.switches.tolist()
-    answers = await smp_batch(transport, [(d.paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches])
-    changed: set[int] = {n for n, _ in recheck if f.node_type[n] == NodeType.SWITCH}
-    silent: list[int] = []
-    for n, ans in zip(switches, answers, strict=True):
-        if isinstance(ans, Exception):
-            silent.append(n)
-        elif SWITCH_INFO.unpack(ans)["PortStateChange"]:
-            changed.add(n)
     paths: list[Path | None] = list(d.paths)
-    ports_now = await _read_ports(transport, d, sorted(changed), paths)
-    downs = _diff(f, ports_now, out)
-    if silent:
-        # Paths through a link that just failed break; route around it in the model and ask again.
+    read: set[int] = set()
+    downs: list[tuple[int, int]] = []
+
+    async def read_switches(nodes: Iterable[int]) -> None:
+        todo = sorted(set(nodes) - read)
+        read.update(todo)
+        downs.extend(_diff(f, await _read_ports(transport, d, todo, paths), out))
+
+    def repair_paths() -> None:
+        nonlocal paths
         g = f.copy()
         for n, p in downs:
             if g.peer_node[n, p] >= 0:
                 g.disconnect(n, p)
         paths = shortest_paths(g, d.sm_node, d.sm_port)
-        retry = [n for n in silent if paths[n] is not None and paths[n] != d.paths[n]]
+
+    await read_switches(n for n in hint if f.node_type[n] == NodeType.SWITCH)
+    if downs:
+        repair_paths()
+    switches = [n for n in f.switches.tolist() if paths[n] is not None]
+    silent = [n for n in f.switches.tolist() if paths[n] is None]
+    answers = await smp_batch(transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches])
+    changed: set[int] = {n for n, _ in recheck if f.node_type[n] == NodeType.SWITCH} | set(hint)
+    for n, ans in zip(switches, answers, strict=True):
+        if isinstance(ans, Exception):
+            silent.append(n)
+        elif SWITCH_INFO.unpack(ans)["PortStateChange"]:
+            changed.add(n)
+    await read_switches(changed)
+    if silent:
+        # Paths through a link that just failed break; route around it in the model and ask again.
+        old = list(paths)
+        repair_paths()
+        retry = [n for n in silent if paths[n] is not None and paths[n] != old[n]]
         again = await smp_batch(transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in retry])
         back = [n for n, a in zip(retry, again, strict=True) if not isinstance(a, Exception)]
         out.unreachable = sorted(set(silent) - set(back))
-        more = await _read_ports(transport, d, back, paths)
-        _diff(f, more, out)
-        ports_now.update(more)
+        await read_switches(back)
     # Ports that came up: who is behind them?
     ups = [c for c in out.changes if c.up and f.node_type[c.node] == NodeType.SWITCH]
     probes: list[SmpRequest] = []
