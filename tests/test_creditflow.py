@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 
 import networkx as nx
@@ -124,7 +123,6 @@ def test_updn_on_fat_trees_has_no_credit_loops(make) -> None:
     assert find_credit_loops(f, lids, lft, graph=g) == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sm.routing.ftree") is None, reason="ftree engine not written yet")
 @pytest.mark.parametrize(
     "make", [lambda: fattree(2, 8), lambda: fattree(3, 6), lambda: degrade(fattree(3, 6), links=4)]
 )

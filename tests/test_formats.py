@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fabric import generate
 from fabric.errors import FormatError, IbfmError
 from fabric.formats.netfile import format_net, parse_net, read_net, write_net
 from fabric.ibsim import IbsimProcess
@@ -159,7 +160,7 @@ def test_ibsim_style_only_writes_what_ibsim_would_not_allocate() -> None:
 
 
 def test_generated_fabrics_round_trip() -> None:
-    gen = pytest.importorskip("fabric.generate")
+    gen = generate
     for f in (gen.fattree(3, 8), gen.fattree(2, 12, speed=Speed.HDR), gen.ring(5, 2)):
         for style in ("ibsim", "ibnetdiscover"):
             g = roundtrip(f, style)
@@ -355,7 +356,7 @@ def test_ibsim_runs_written_file_and_ibnetdiscover_sees_it(tmp_path: Path, style
 
 @pytest.mark.ibsim
 def test_ibsim_runs_a_generated_fat_tree(tmp_path: Path) -> None:
-    gen = pytest.importorskip("fabric.generate")
+    gen = generate
     need_ibsim()
     f = gen.fattree(2, 8, speed=Speed.EDR)
     path = tmp_path / "ft.net"
