@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "ibfm.commands.topo",
     "ibfm.commands.sm",
     "ibfm.commands.demo",
+    "ibfm.commands.congestion",
 ]
 
 

@@ -328,3 +328,49 @@ def find_credit_loops(
         if len(loops) >= max_loops:
             break
     return loops
+
+
+# -- congestion model --------------------------------------------------------------------------------
+# The credit-based fluid model (max-min fair rates, link loads, predicted XmitWait, effective
+# bisection bandwidth, emulator traffic) lives in sm/flowmodel.py, traffic patterns in
+# sm/patterns.py; the model's names are re-exported here.
+
+from sm.flowmodel import (  # noqa: E402
+    CongestionReport,
+    DirectedLinks,
+    EbbReport,
+    FlowModelError,
+    FlowPaths,
+    HotLink,
+    MaxMin,
+    ModelTraffic,
+    congestion_count,
+    directed_links,
+    effective_bisection_bandwidth,
+    max_min_fair,
+    predict_congestion,
+    trace_flows,
+)
+
+__all__ = [
+    "Channel",
+    "ChannelDependencyGraph",
+    "CongestionReport",
+    "CreditLoop",
+    "DirectedLinks",
+    "EbbReport",
+    "FlowModelError",
+    "FlowPaths",
+    "HotLink",
+    "MaxMin",
+    "ModelTraffic",
+    "channel_dependency_graph",
+    "congestion_count",
+    "cycle_core",
+    "directed_links",
+    "effective_bisection_bandwidth",
+    "find_credit_loops",
+    "max_min_fair",
+    "predict_congestion",
+    "trace_flows",
+]

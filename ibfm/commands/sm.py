@@ -58,6 +58,10 @@ def register(sub: Any) -> None:
     add_fabric_args(p)
     p.add_argument("--dump-lfts", type=Path, metavar="FILE", help="write every LFT as ibroute prints it")
     p.add_argument("--json", action="store_true", help="summary as JSON")
+    p.add_argument("--daemon", action="store_true", help="keep sweeping until SIGTERM or SIGINT, then exit 0")
+    p.add_argument(
+        "--sweep-interval", type=_seconds, default=10.0, metavar="SECONDS", help="--daemon: seconds between sweeps"
+    )
     p.set_defaults(func=cmd_sm)
 
     r = sub.add_parser("route", help="hops between two endpoints (name, GUID or LID), like ibtracert")
@@ -81,13 +85,12 @@ def open_transport(args: argparse.Namespace) -> WindowedTransport:
     if getattr(args, "transport", "emulated") == "umad":
         from sm.transport.umad import UmadTransport
 
-        return UmadTransport(args.ca, args.port)
+        return UmadTransport(args.ca, args.port, issm=True)  # an SM holds issm: IsSM set, traps delivered
     if not args.topology:
         raise IbfmError("--topology FILE is required with the emulated transport")
+    from fabric.emulator import EmulatedFabric
     from fabric.formats.netfile import read_net
     from sm.transport.emulated import EmulatedTransport
-
-    from fabric.emulator import EmulatedFabric
 
     return EmulatedTransport(EmulatedFabric(read_net(args.topology)))
 
@@ -163,7 +166,59 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"must be within (0, 86400] seconds: {text!r}")
+    return v
+
+
+async def run_daemon(args: argparse.Namespace) -> int:
+    """Sweep until SIGTERM/SIGINT; print the summary (and dump the LFTs) after every heavy sweep."""
+    import dataclasses
+    import signal
+
+    from sm.events import SweepDone
+
+    transport = open_transport(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        start = getattr(transport, "start", None)
+        if start is not None:
+            res = start()
+            if asyncio.iscoroutine(res):
+                await res
+        config = dataclasses.replace(config_from_args(args), sweep_interval=args.sweep_interval)
+        manager = FabricManager(transport, config)
+
+        def on_event(ev: Any) -> None:
+            snap = manager.snapshot
+            if isinstance(ev, SweepDone) and ev.kind == "heavy" and snap is not None:
+                if args.dump_lfts:
+                    from fabric.fileio import write_text_atomic
+
+                    write_text_atomic(args.dump_lfts, format_lfts(snap.fabric, snap.lids, snap.lft))
+                s = summary(snap)
+                print(json.dumps(s) if args.json else f"-- sweep {snap.sweep}\n{format_summary(s)}", flush=True)
+
+        manager.events.subscribe(on_event)
+        await manager.run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await transport.close()
+    return 0
+
+
 def cmd_sm(args: argparse.Namespace) -> int:
+    if args.daemon:
+        return asyncio.run(run_daemon(args))
     snap = asyncio.run(run_once(args))
     if args.dump_lfts:
         from fabric.fileio import write_text_atomic
