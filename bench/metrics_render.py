@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""/metrics render time and size on the emulated k=36 3-level fat-tree (11,664 hosts, ~70,000 ports).
+
+Brings the subnet up with a heavy sweep (FabricManager over EmulatedTransport),
+binds a PerfManager and runs counter sweeps with random per-port traffic, then
+renders the Prometheus exposition with :class:`exporters.prometheus.MetricsRenderer`:
+
+- cold: first render (label matrices built, every family rendered);
+- cached: the same inputs again (nothing changed: the kept bytes);
+- after a counter sweep: only the families whose values changed are rendered;
+- after a new heavy sweep with the same topology: labels reused.
+
+The prediction is a per-port array built from the emulated traffic (utilization =
+transmit rate / link rate), standing in for the congestion model. Goal: < 1 s per
+render. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/metrics_render.py [--radix 36] [--collector]
+
+``--collector`` also times the prometheus_client path (FabricCollector +
+generate_latest), which builds one sample object per series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from exporters.prometheus import (
+    FabricCollector,
+    MetricsInputs,
+    MetricsRenderer,
+    PortPrediction,
+    SweepStats,
+)
+from fabric.emulator import EmulatedFabric
+from fabric.generate import fattree
+from fabric.model import SPEED_GBPS, WIDTH_LANES, Speed
+from sm.manager import FabricManager, SubnetSnapshot
+from sm.perfmgr import PerfManager
+from sm.transport.emulated import EmulatedTransport
+
+GOAL_SECONDS = 1.0
+
+
+@dataclass
+class RandomTraffic:
+    """Every live port sends at a random fraction of 4x NDR, with XmitWait on a few of them."""
+
+    seed: int = 1
+
+    def rates(
+        self, emu: EmulatedFabric
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        rng = np.random.default_rng(self.seed)
+        self.seed += 1
+        live = emu.data_mask()
+        b = np.where(live, rng.uniform(0.0, 50e9, live.shape), 0.0)
+        w = np.where(live & (rng.random(live.shape) < 0.05), rng.uniform(0, 1e6, live.shape), 0.0)
+        return b, b / 4096.0, w
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _prediction(snap: SubnetSnapshot, pm: PerfManager) -> PortPrediction:
+    f = snap.fabric
+    lanes = np.zeros(256)
+    for code, n in WIDTH_LANES.items():
+        lanes[code] = n
+    lane = np.zeros(256)
+    for s in Speed:
+        lane[int(s)] = SPEED_GBPS[s] * 1e9 / 8
+    rate = lanes[f.width_active] * lane[f.speed_active]
+    xmit = np.nan_to_num(pm.rates["xmit_data_bytes"])
+    util = np.divide(xmit, rate, out=np.zeros_like(rate), where=rate > 0)
+    return PortPrediction(f, util, np.nan_to_num(pm.rates["xmit_wait"]))
+
+
+def _line(what: str, r: MetricsRenderer, dt: float) -> None:
+    s = r.stats
+    mark = "ok" if dt < GOAL_SECONDS else "ABOVE GOAL"
+    print(
+        f"{what:<40} {dt:7.3f} s  {s.bytes / 1e6:8.1f} MB  {s.families} families, "
+        f"{s.families_rendered} rendered{' (cached)' if s.cached else ''}  [{mark}]"
+    )
+
+
+async def main(radix: int, collector: bool) -> None:
+    t0 = time.perf_counter()
+    fab = fattree(3, radix)
+    emu = EmulatedFabric(fab, traffic=RandomTraffic())
+    transport = EmulatedTransport(emu, window=64, timeout=1.0)
+    print(f"fat-tree k={radix}: {fab.summary()}, emulator loaded in {time.perf_counter() - t0:.1f} s")
+    mgr = FabricManager(transport)
+    t0 = time.perf_counter()
+    snap = await mgr.heavy_sweep()
+    print(f"heavy sweep (bring-up): {time.perf_counter() - t0:.1f} s, up={snap.up}, engine {snap.engine}")
+    stats = SweepStats()
+    stats.record(snap)
+    pm = PerfManager(transport, clock=lambda: emu.time)
+    pm.bind(snap)
+    for _ in range(2):
+        emu.advance(10.0)
+        await pm.sweep()
+    print(f"PerfManager: {pm.sweeps} sweeps, {int(pm.read_ok.sum()):,} ports read")
+
+    state = {"inputs": MetricsInputs(snap, pm, _prediction(snap, pm), stats)}
+    r = MetricsRenderer(lambda: state["inputs"])
+
+    def timed(what: str) -> list[bytes]:
+        t = time.perf_counter()
+        chunks = r.render_chunks()
+        _line(what, r, time.perf_counter() - t)
+        return chunks
+
+    chunks = timed("cold render")
+    t = time.perf_counter()
+    out = b"".join(chunks)
+    dt = time.perf_counter() - t
+    series = out.count(b"\n") - 2 * len(chunks)
+    print(f"  {series:,} series, {len(out) / max(series, 1):.0f} bytes per series line; joining the chunks "
+          f"into one bytes object: {dt:.3f} s (the HTTP handler writes the chunks instead)")
+    del out
+    timed("again, nothing changed")
+    emu.advance(10.0)
+    await pm.sweep()
+    timed("after a counter sweep")
+    state["inputs"] = MetricsInputs(snap, pm, _prediction(snap, pm), stats)
+    timed("after a new prediction")
+    emu.advance(10.0)
+    t0 = time.perf_counter()
+    snap2 = await mgr.heavy_sweep()
+    print(f"heavy sweep 2: {time.perf_counter() - t0:.1f} s (same topology)")
+    stats.record(snap2)
+    pm.bind(snap2)
+    await pm.sweep()
+    state["inputs"] = MetricsInputs(snap2, pm, _prediction(snap2, pm), stats)
+    timed("after heavy sweep + counter sweep")
+    t = time.perf_counter()
+    chunks = await r.render_async()
+    print(f"{'render_async, cached':<40} {time.perf_counter() - t:7.3f} s  {len(chunks)} chunks")
+    print(f"process peak RSS: {_rss_mib():.0f} MiB")
+
+    if collector:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        reg = CollectorRegistry()
+        reg.register(FabricCollector(lambda: state["inputs"]))
+        t = time.perf_counter()
+        text = generate_latest(reg)
+        print(f"{'prometheus_client generate_latest':<40} {time.perf_counter() - t:7.3f} s  {len(text) / 1e6:8.1f} MB")
+        print(f"process peak RSS: {_rss_mib():.0f} MiB")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--radix", type=int, default=36)
+    ap.add_argument("--collector", action="store_true", help="also time the prometheus_client collector path")
+    a = ap.parse_args()
+    asyncio.run(main(a.radix, a.collector))
