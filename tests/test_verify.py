@@ -315,3 +315,17 @@ def test_lft_shape_checked() -> None:
     lids = sequential_lids(f)
     with pytest.raises(VerifyError, match="LFT shape"):
         verify_routes(f, lids, np.zeros((3, 3), np.uint8))
+
+
+def test_switch_to_switch_pairs_updn_cannot_serve_do_not_fail_verification() -> None:
+    from fabric.generate import fattree
+    from sm.lidmap import sequential_lids
+    from sm.routing.base import make_engine
+
+    f = fattree(2, 8)
+    lids = sequential_lids(f)
+    rep = verify_routes(f, lids, make_engine("updn").compute(f, lids))
+    # Spines reach each other only down then up, which up/down forbids: 4 spines, 12 ordered pairs.
+    assert rep.switch_pairs_unreachable == rep.unreachable == 12
+    assert rep.ok and rep.host_unreachable == 0
+    assert rep.failures == []

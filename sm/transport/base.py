@@ -31,10 +31,6 @@ _RESPONSE_BIT = 0x80
 _ATTR = struct.Struct(">H")
 
 
-class _Expired(Exception):
-    """A request's timer ran out (internal: turned into a retry or MadTimeout)."""
-
-
 class TransportError(IbfmError):
     """The transport itself failed (no device, port busy, closed)."""
 
@@ -183,52 +179,9 @@ class WindowedTransport(ABC):
         self, mad: bytes, route: Route, *, timeout: float | None = None, retries: int | None = None
     ) -> bytes:
         """Send a request MAD and return its response; MadTimeout after all retries."""
-        if self._closed:
-            raise TransportError("transport is closed")
-        tmo = self.timeout if timeout is None else timeout
-        tries = 1 + (self.retries if retries is None else retries)
-        loop = asyncio.get_running_loop()
-        if not self._try_take():
-            slot: asyncio.Future[None] = loop.create_future()
-
-            def handed() -> bool:
-                if slot.done():
-                    return False
-                slot.set_result(None)
-                return True
-
-            self._waiters.append(handed)
-            try:
-                await slot
-            except asyncio.CancelledError:
-                if slot.done() and not slot.cancelled():
-                    self._release()
-                raise
-        try:
-            for _ in range(tries):
-                fut: asyncio.Future[bytes] = loop.create_future()
-
-                def on_reply(m: bytes, fut: asyncio.Future[bytes] = fut) -> None:
-                    if not fut.done():
-                        fut.set_result(m)
-
-                def on_expire(fut: asyncio.Future[bytes] = fut) -> None:
-                    if not fut.done():
-                        fut.set_exception(_Expired())
-
-                cancel = self._launch(mad, route, on_reply, on_expire, tmo)
-                try:
-                    return await fut
-                except _Expired:
-                    self.stats.retries += 1
-                    continue
-                finally:
-                    cancel()
-        finally:
-            self._release()
-        self.stats.retries -= 1  # the last expiry was not followed by a retry
-        self.stats.timeouts += 1
-        raise MadTimeout(route, _ATTR.unpack_from(mad, 16)[0], tries)
+        (answer,) = await self.send_many([(mad, route)], timeout=timeout, retries=retries, raise_first=True)
+        assert isinstance(answer, bytes)
+        return answer
 
     async def send_many(
         self,
@@ -237,7 +190,7 @@ class WindowedTransport(ABC):
         timeout: float | None = None,
         retries: int | None = None,
         raise_first: bool = False,
-    ) -> list[bytes]:
+    ) -> list[bytes | IbfmError]:
         """Send every request under the window; answers in request order.
 
         An entry that timed out after all retries (or could not be posted)
@@ -359,7 +312,7 @@ class WindowedTransport(ABC):
         self._pending.clear()
         for fut in list(self._batches):
             if not fut.done():
-                fut.cancel()
+                fut.set_exception(TransportError("transport closed while requests were outstanding"))
         await self._close()
 
     async def __aenter__(self) -> WindowedTransport:
