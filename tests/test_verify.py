@@ -11,7 +11,7 @@ import pytest
 from fabric.generate import degrade, fattree, ring
 from fabric.model import Fabric, NodeType
 from sm.lidmap import LidMap, sequential_lids
-from sm.routing.base import NO_ROUTE, Lft
+from sm.routing.base import NO_ROUTE, Lft, make_engine
 from sm.routing.minhop import MinHopEngine
 from sm.routing.updn import UpDownEngine
 from sm.verify import (
@@ -318,10 +318,6 @@ def test_lft_shape_checked() -> None:
 
 
 def test_switch_to_switch_pairs_updn_cannot_serve_do_not_fail_verification() -> None:
-    from fabric.generate import fattree
-    from sm.lidmap import sequential_lids
-    from sm.routing.base import make_engine
-
     f = fattree(2, 8)
     lids = sequential_lids(f)
     rep = verify_routes(f, lids, make_engine("updn").compute(f, lids))
