@@ -38,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except IbfmError as e:
         print(f"ibfm: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file we were told to read or write
+        print(f"ibfm: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

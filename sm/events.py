@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -101,19 +101,6 @@ class CounterThreshold(_Event):
     threshold: float
 
 
-Event = Annotated[
-    LinkDown
-    | LinkUp
-    | NodeAdded
-    | NodeRemoved
-    | PortHeldDown
-    | SweepDone
-    | SweepFailed
-    | RoutingFailed
-    | CreditLoopFound
-    | CounterThreshold,
-    Field(discriminator="type"),
-]
 EVENT_TYPES: tuple[type[_Event], ...] = (
     LinkDown,
     LinkUp,
@@ -126,6 +113,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     CreditLoopFound,
     CounterThreshold,
 )
+Event = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
+"""Any event, told apart by its ``type`` field (the union of :data:`EVENT_TYPES`)."""
 event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fabric import fileio
 from fabric.model import Fabric, FabricBuilder, NodeType
 from sm.lids import LidManager, assign_lids, read_guid2lid, write_guid2lid
 
@@ -128,13 +130,6 @@ def test_bad_lmc() -> None:
 
 
 def test_atomic_write_honours_the_umask(tmp_path: Path) -> None:
-    import os
-
-    from fabric.fileio import write_text_atomic
-
-    old = os.umask(0o022)
-    try:
-        write_text_atomic(tmp_path / "f", "x")
-    finally:
-        os.umask(old)
-    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+    fileio.write_text_atomic(tmp_path / "f", "x")
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o666 & ~fileio._UMASK
+    assert os.umask(fileio._UMASK) == fileio._UMASK  # unchanged by the write
