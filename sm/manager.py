@@ -57,6 +57,10 @@ from sm.verify import VerifyReport, verify_routes
 log = logging.getLogger("ibfm.sm")
 
 
+TRAP_SETTLE_S = 0.01
+"""After a trap, how long to wait for the rest of its burst before sweeping."""
+
+
 class SweepError(IbfmError):
     """A sweep stage failed; names the stage."""
 
@@ -168,11 +172,17 @@ class FabricManager:
                 await trap_task
 
     async def _watch_traps(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
             trap = await self.transport.next_trap(timeout=1.0)
-            if trap is not None:
-                self._take_traps([trap])
-                self.request_sweep("trap")
+            if trap is None:
+                continue
+            # Both ends of a link report it: gather the burst, so the sweep reads the near end first.
+            burst, until = [trap], loop.time() + TRAP_SETTLE_S
+            while (left := until - loop.time()) > 0 and (more := await self.transport.next_trap(left)) is not None:
+                burst.append(more)
+            self._take_traps(burst)
+            self.request_sweep("trap")
 
     def _take_traps(self, traps: list[bytes]) -> None:
         """Answer each trap with a TrapRepress to its issuer and remember who sent it."""

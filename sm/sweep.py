@@ -106,8 +106,10 @@ async def light_sweep(
 
     async def read_switches(nodes: Iterable[int]) -> None:
         todo = sorted(set(nodes) - read)
-        read.update(todo)
-        downs.extend(_diff(f, await _read_ports(transport, d, todo, paths), out))
+        ports = await _read_ports(transport, d, todo, paths)
+        # A switch that answered nothing is read again once its path is repaired.
+        read.update({n for (n, _), info in ports.items() if info is not None})
+        downs.extend(_diff(f, ports, out))
 
     def repair_paths() -> None:
         nonlocal paths
@@ -117,9 +119,12 @@ async def light_sweep(
                 g.disconnect(n, p)
         paths = shortest_paths(g, d.sm_node, d.sm_port)
 
-    await read_switches(n for n in hint if f.node_type[n] == NodeType.SWITCH)
-    if downs:
-        repair_paths()
+    # Nearest issuers first: a far issuer's DR path may cross the link its near neighbour reports down.
+    hinted = [n for n in hint if f.node_type[n] == NodeType.SWITCH]
+    for depth in sorted({len(d.paths[n]) for n in hinted}):
+        await read_switches(n for n in hinted if len(d.paths[n]) == depth)
+        if downs:
+            repair_paths()
     switches = [n for n in f.switches.tolist() if paths[n] is not None]
     silent = [n for n in f.switches.tolist() if paths[n] is None]
     answers = await smp_batch(transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches])
@@ -129,7 +134,7 @@ async def light_sweep(
             silent.append(n)
         elif SWITCH_INFO.unpack(ans)["PortStateChange"]:
             changed.add(n)
-    await read_switches(changed)
+    await read_switches(changed - set(silent))  # a silent switch is read once its path is repaired
     if silent:
         # Paths through a link that just failed break; route around it in the model and ask again.
         old = list(paths)

@@ -429,8 +429,6 @@ class UmadTransport(WindowedTransport):
                 hint = " (run as root or grant access to /dev/infiniband/umad*)"
             raise TransportError(f"umad_open_port {where} failed: {_err(portid)}{hint}")
         self._portid = portid
-        if self._want_issm:
-            self._open_issm(attrs)
         # One agent per class, as OpenSM binds them. Responses come back to the agent
         # by TID; the LID-routed SMP agent also takes unsolicited SubnTrap (trap 128 ...).
         for mclass, mask in (
@@ -439,6 +437,10 @@ class UmadTransport(WindowedTransport):
             (MGMT_CLASS_PERF, None),
         ):
             self._agents[mclass] = self._register(mclass, 1, mask, where)
+        # issm last: holding it makes us the SM that traps go to, and a trap arriving before
+        # the agents exist crashed libumad2sim's receive thread (seen 10 times in 30 reconnects).
+        if self._want_issm:
+            self._open_issm(attrs)
         self._send_buf = ctypes.create_string_buffer(lib.umad_size() + MAD_SIZE)
         self._send_data = lib.umad_get_mad(self._send_buf)
 
