@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +98,39 @@ def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "subnet UP" in out and "path MTU 4096" in out
+
+
+def test_sm_daemon_sweeps_until_sigterm_then_exits_0(tmp_path: Path) -> None:
+    dump = tmp_path / "lfts"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ibfm.cli",
+            "sm",
+            "--topology",
+            str(FIXTURE),
+            "--daemon",
+            "--sweep-interval",
+            "0.2",
+            "--json",
+            "--dump-lfts",
+            str(dump),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert first["subnet_up"] and dump.exists()
+        time.sleep(0.6)  # a few light sweeps
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
