@@ -398,7 +398,7 @@ class FabricBuilder:
             f.vl_cap[node, port] = ps.vl_cap
         for n1, p1, n2, p2 in self._links:
             f.connect(n1, p1, n2, p2, state=link_state)
-        f._reindex()
+        f.reindex()
         return f
 
 
@@ -456,7 +456,8 @@ class Fabric:
     def n_nodes(self) -> int:
         return int(self.node_type.shape[0])
 
-    def _reindex(self) -> None:
+    def reindex(self) -> None:
+        """Rebuild the GUID and name lookups (after changing GUIDs or names in place)."""
         self._by_guid = {int(g): i for i, g in enumerate(self.node_guid.tolist())}
         self._by_name = {name: i for i, name in enumerate(self.names)}
         pg: dict[int, tuple[int, int]] = {}
@@ -649,7 +650,7 @@ class Fabric:
         f.phys_state[gone] = PhysState.POLLING
         f.width_active[gone] = 0
         f.speed_active[gone] = 0
-        f._reindex()
+        f.reindex()
         return f
 
     def summary(self) -> dict[str, int]:

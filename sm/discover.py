@@ -11,6 +11,7 @@ rest of the fabric still comes up.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,10 @@ import numpy as np
 
 from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr, node_desc_unpack
 from fabric.model import (
+    MAX_PORTS,
     Fabric,
     FabricBuilder,
+    FabricError,
     NodeType,
     PhysState,
     Speed,
@@ -94,8 +97,13 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
             if isinstance(ans, Exception):
                 assert parent is not None
                 errors.append(f"no NodeInfo behind {name_of(parent)} port {pport} (DR {list(path)}): {ans}")
+                continue
+            ni = NODE_INFO.unpack(ans)
+            bad = nodeinfo_problem(ni)
+            if bad:
+                errors.append(f"NodeInfo at DR {list(path)} ignored: {bad}")
             else:
-                infos[k] = NODE_INFO.unpack(ans)
+                infos[k] = ni
         # 2. Links, new nodes, and the details to read for each.
         details: list[SmpRequest] = []
         sinks: list[tuple[_NodeRec, str, int]] = []
@@ -205,12 +213,43 @@ def _speed_cap(pi: dict[str, Any]) -> Speed:
     return Speed.SDR
 
 
+def nodeinfo_problem(ni: dict[str, Any]) -> str | None:
+    """Why a NodeInfo answer cannot describe a real device, or None."""
+    if int(ni["NodeType"]) not in (NodeType.CA, NodeType.SWITCH, NodeType.ROUTER):
+        return f"NodeType {ni['NodeType']} unknown"
+    if not 1 <= int(ni["NumPorts"]) <= MAX_PORTS:
+        return f"NumPorts {ni['NumPorts']} outside 1..{MAX_PORTS}"
+    if int(ni["LocalPortNum"]) > int(ni["NumPorts"]):
+        return f"LocalPortNum {ni['LocalPortNum']} beyond NumPorts {ni['NumPorts']}"
+    if not int(ni["NodeGUID"]):
+        return "NodeGUID 0"
+    return None
+
+
+def apply_port_info(f: Fabric, n: int, p: int, pi: dict[str, Any]) -> None:
+    """Record what a PortInfo read says about (n, p) in the model: caps, state, trained width and speed."""
+    f.width_cap[n, p] = int(pi["LinkWidthSupported"]) or f.width_cap[n, p]
+    f.speed_cap[n, p] = _speed_cap(pi)
+    f.mtu_cap[n, p] = int(pi["MTUCap"]) or f.mtu_cap[n, p]
+    f.vl_cap[n, p] = int(pi["VLCap"]) or f.vl_cap[n, p]
+    f.state[n, p] = int(pi["PortState"])
+    f.phys_state[n, p] = int(pi["PortPhysicalState"])
+    f.width_active[n, p] = int(pi["LinkWidthActive"])
+    try:
+        f.speed_active[n, p] = speed_from_portinfo(int(pi["LinkSpeedActive"]), int(pi["LinkSpeedExtActive"]))
+    except ValueError:
+        f.speed_active[n, p] = 0
+    f.mtu_active[n, p] = int(pi["NeighborMTU"])
+    f.op_vls[n, p] = int(pi["OperationalVLs"])
+    f.lid[n, p] = int(pi["LID"])
+    f.lmc[n, p] = int(pi["LMC"])
+
+
 def _build(
     nodes: dict[int, _NodeRec], links: dict[tuple[int, int], tuple[int, int]], errors: list[str]
 ) -> tuple[Fabric, list[Path], dict[int, dict[str, Any]]]:
     recs = sorted(nodes.values(), key=lambda r: r.guid)
-    descs = [r.desc for r in recs]
-    dup = {d for d in descs if descs.count(d) > 1} if len(set(descs)) != len(descs) else set()
+    dup = {d for d, k in Counter(r.desc for r in recs).items() if k > 1}
     b = FabricBuilder()
     for r in recs:
         prefix = "S" if r.type == NodeType.SWITCH else "H"
@@ -235,7 +274,7 @@ def _build(
         if (ga, pa) < (gb, pb):
             try:
                 b.connect(index[ga], pa, index[gb], pb)
-            except Exception as e:  # a port beyond NumPorts: report, keep the rest
+            except FabricError as e:  # a port beyond NumPorts: report, keep the rest
                 errors.append(f"link {ga:#018x}[{pa}] - {gb:#018x}[{pb}] dropped: {e}")
     f = b.build()
     sw_info: dict[int, dict[str, Any]] = {}
@@ -243,23 +282,7 @@ def _build(
         if r.switch_info is not None:
             sw_info[i] = r.switch_info
         for p, pi in r.port_info.items():
-            f.width_cap[i, p] = int(pi["LinkWidthSupported"]) or f.width_cap[i, p]
-            f.speed_cap[i, p] = _speed_cap(pi)
-            f.mtu_cap[i, p] = int(pi["MTUCap"]) or f.mtu_cap[i, p]
-            f.vl_cap[i, p] = int(pi["VLCap"]) or f.vl_cap[i, p]
-            f.state[i, p] = int(pi["PortState"])
-            f.phys_state[i, p] = int(pi["PortPhysicalState"])
-            f.width_active[i, p] = int(pi["LinkWidthActive"])
-            try:
-                f.speed_active[i, p] = speed_from_portinfo(
-                    int(pi["LinkSpeedActive"]), int(pi["LinkSpeedExtActive"])
-                )
-            except ValueError:
-                f.speed_active[i, p] = 0
-            f.mtu_active[i, p] = int(pi["NeighborMTU"])
-            f.op_vls[i, p] = int(pi["OperationalVLs"])
-            f.lid[i, p] = int(pi["LID"])
-            f.lmc[i, p] = int(pi["LMC"])
+            apply_port_info(f, i, p, pi)
         if r.type != NodeType.SWITCH:
             # A CA port never reached has no known GUID: it is not an end port (yet).
             for p in range(1, r.nports + 1):
@@ -271,5 +294,5 @@ def _build(
     for n, p in np.argwhere(stale).tolist():
         if f.peer_node[n, p] >= 0:
             f.disconnect(n, p)
-    f._reindex()
+    f.reindex()
     return f, [r.path for r in recs], sw_info

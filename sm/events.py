@@ -72,6 +72,7 @@ class SweepDone(_Event):
     engine: str | None = None
     subnet_up: bool
     changes: int = Field(default=0, description="port state changes the sweep acted on")
+    reasons: list[str] = Field(default_factory=list, description="what asked for it: timer, trap, api, start")
 
 
 class RoutingFailed(_Event):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from fabric.errors import IbfmError
 from fabric.model import Fabric
 
 MAX_UNICAST_LID = 0xBFFF
@@ -51,7 +52,7 @@ class LidMap:
         span = 1 << lmc
         top = int(lids.max()) + span - 1 if lids.size else 0
         if top > MAX_UNICAST_LID:
-            raise ValueError(f"LID {top} beyond the unicast range (max {MAX_UNICAST_LID:#x})")
+            raise IbfmError(f"LID {top} beyond the unicast range (max {MAX_UNICAST_LID:#x})")
         owner_node = np.full(top + 1, -1, np.int32)
         owner_port = np.full(top + 1, -1, np.int16)
         for k in range(span):

@@ -17,9 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
+from fabric.errors import IbfmError
 from fabric.fileio import write_text_atomic
 from fabric.model import Fabric
 from sm.lidmap import MAX_UNICAST_LID, LidMap
+
+
+class LidError(IbfmError):
+    """The LID plan cannot be made or kept: LID space exhausted, guid2lid file unreadable or unwritable."""
+
 
 Guid2Lid = dict[int, tuple[int, int]]
 """port GUID -> (base LID, top LID)."""
@@ -48,6 +54,8 @@ def read_guid2lid(path: str | os.PathLike[str]) -> tuple[Guid2Lid, list[str]]:
         raw = p.read_bytes()
     except FileNotFoundError:
         return entries, warnings
+    except OSError as e:
+        raise LidError(f"{p}: cannot read the guid2lid file: {e.strerror or e}") from e
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
@@ -87,11 +95,18 @@ def read_guid2lid(path: str | os.PathLike[str]) -> tuple[Guid2Lid, list[str]]:
 
 
 def write_guid2lid(path: str | os.PathLike[str], entries: Guid2Lid) -> None:
-    """Write the file atomically (temp file in the same directory, fsync, rename)."""
+    """Write the file atomically (temp file in the same directory, fsync, rename).
+
+    Each entry ends with a blank line, as OpenSM writes it: OpenSM's reader
+    (osm_db_restore) appends every non-blank line to the previous key's value.
+    """
     body = "".join(
-        f"0x{g:016x} 0x{b:04x} 0x{t:04x}\n" for g, (b, t) in sorted(entries.items(), key=lambda e: e[1])
+        f"0x{g:016x} 0x{b:04x} 0x{t:04x}\n\n" for g, (b, t) in sorted(entries.items(), key=lambda e: e[1])
     )
-    write_text_atomic(path, body)
+    try:
+        write_text_atomic(path, body)
+    except OSError as e:
+        raise LidError(f"{path}: cannot write the guid2lid file: {e.strerror or e}") from e
 
 
 def assign_lids(fabric: Fabric, previous: Guid2Lid | None = None, *, lmc: int = 0) -> LidPlan:
@@ -102,7 +117,7 @@ def assign_lids(fabric: Fabric, previous: Guid2Lid | None = None, *, lmc: int = 
     a warning.
     """
     if not 0 <= lmc <= 7:
-        raise ValueError(f"LMC {lmc} outside 0..7")
+        raise LidError(f"LMC {lmc} outside 0..7")
     span = 1 << lmc
     previous = dict(previous or {})
     warnings: list[str] = []
@@ -139,7 +154,7 @@ def assign_lids(fabric: Fabric, previous: Guid2Lid | None = None, *, lmc: int = 
         free = np.flatnonzero(~used.reshape(-1, span).any(axis=1)) * span
         free = free[free >= 1]
         if free.size < len(need):
-            raise ValueError(f"LID space exhausted: {len(need)} ports need LIDs, {free.size} ranges free")
+            raise LidError(f"LID space exhausted: {len(need)} ports need LIDs, {free.size} ranges free")
         for k, b in zip(need, free[: len(need)].tolist(), strict=True):
             g = guids[k]
             base[ep[k, 0], ep[k, 1]] = b

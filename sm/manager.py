@@ -125,7 +125,9 @@ class SubnetSnapshot:
 class FabricManager:
     """Owns the sweeps: one at a time, triggers merged, snapshots and events out."""
 
-    def __init__(self, transport: WindowedTransport, config: SmConfig | None = None, events: EventBus | None = None):
+    def __init__(
+        self, transport: WindowedTransport, config: SmConfig | None = None, events: EventBus | None = None
+    ) -> None:
         self.transport = transport
         self.config = config or SmConfig()
         self.events = events or EventBus()
@@ -157,8 +159,14 @@ class FabricManager:
         trap_task = asyncio.create_task(self._watch_traps(stop))
         try:
             while not stop.is_set():
-                with contextlib.suppress(SweepError):  # reported as an event; the next sweep starts over
+                try:
                     await self.sweep()
+                except SweepError:
+                    pass  # reported as an event; the next sweep starts over
+                except Exception as e:  # a bug or a device answering nonsense must not stop the SM
+                    log.exception("sweep failed")
+                    self._force_heavy = True
+                    self.events.emit(SweepFailed(stage="unexpected", reason=f"{type(e).__name__}: {e}"))
                 waiter = asyncio.create_task(self._wake.wait())
                 stopper = asyncio.create_task(stop.wait())
                 await asyncio.wait(
@@ -204,12 +212,13 @@ class FabricManager:
         """One sweep: light, and heavy when something changed. Returns the new snapshot, if any."""
         async with self._lock:
             self._wake.clear()
+            reasons = sorted(self._reasons) or ["timer"]
             self._reasons.clear()
             self._take_traps(self.transport.pending_traps())  # every queued trap is covered by this sweep
             trap_lids, self._trap_lids = self._trap_lids, set()
             prev = self.snapshot
             if prev is None or self._force_heavy:
-                return await self._heavy(None, kind_changes=0)
+                return await self._heavy(None, kind_changes=0, reasons=reasons)
             t0 = time.perf_counter()
             sent0 = self.transport.stats.sent
             released = self.damper.release_expired()
@@ -226,7 +235,7 @@ class FabricManager:
             except IbfmError as e:
                 self.events.emit(SweepFailed(stage="light", reason=str(e)))
                 self._force_heavy = True
-                raise SweepError(f"light sweep failed: {e}") from e
+                raise SweepError("light", f"light sweep failed: {e}") from e
             self.last_light = light
             f = prev.fabric
             for c in light.changes:
@@ -253,18 +262,25 @@ class FabricManager:
                         smps=self.transport.stats.sent - sent0,
                         engine=prev.engine,
                         subnet_up=prev.up,
+                        reasons=reasons,
                     )
                 )
                 return None
-            d = apply_changes(prev.discovery, light, held=held)
-            return await self._heavy(d, kind_changes=len(light.changes), extra_smps=light.smps)
+            try:
+                d = apply_changes(prev.discovery, light, held=held)
+            except IbfmError as e:  # the changes do not fit the model: look at everything again
+                log.warning("light sweep changes not applicable (%s); full discovery", e)
+                d = None
+            return await self._heavy(d, kind_changes=len(light.changes), extra_smps=light.smps, reasons=reasons)
 
     async def heavy_sweep(self) -> SubnetSnapshot:
         """A full heavy sweep (discovery from scratch)."""
         async with self._lock:
-            return await self._heavy(None, kind_changes=0)
+            return await self._heavy(None, kind_changes=0, reasons=["request"])
 
-    async def _heavy(self, d: Discovery | None, *, kind_changes: int, extra_smps: int = 0) -> SubnetSnapshot:
+    async def _heavy(
+        self, d: Discovery | None, *, kind_changes: int, extra_smps: int = 0, reasons: list[str] | None = None
+    ) -> SubnetSnapshot:
         t0 = time.perf_counter()
         prev = self.snapshot
         try:
@@ -291,6 +307,7 @@ class FabricManager:
                 engine=snap.engine,
                 subnet_up=snap.up,
                 changes=kind_changes,
+                reasons=reasons or [],
             )
         )
         return snap
@@ -338,9 +355,12 @@ class FabricManager:
         with stage("links"):
             links = plan_links(fabric, max_mtu=cfg.max_mtu, max_vls=cfg.max_vls)
             apply_link_plan(fabric, links)
+        # The numpy stages run in a thread so traps, MAD answers and HTTP keep flowing meanwhile.
         with stage("routing"):
             try:
-                routed = route(fabric, lids, cfg.engines, RoutingOptions(root_guids=cfg.root_guids))
+                routed = await asyncio.to_thread(
+                    route, fabric, lids, cfg.engines, RoutingOptions(root_guids=cfg.root_guids)
+                )
             except IbfmError as e:
                 self.events.emit(RoutingFailed(reason=str(e)))
                 raise
@@ -364,11 +384,11 @@ class FabricManager:
         programmed_at = time.time()
         # Checked after the push, so a repair reaches the switches first; the result is in the snapshot.
         with stage("verify"):
-            report = verify_routes(fabric, lids, routed.lft)
+            report = await asyncio.to_thread(verify_routes, fabric, lids, routed.lft)
         loops: list[CreditLoop] = []
         if cfg.check_credit_loops:
             with stage("credit_loops"):
-                loops = find_credit_loops(fabric, lids, routed.lft, from_cas=True)
+                loops = await asyncio.to_thread(find_credit_loops, fabric, lids, routed.lft, from_cas=True)
         self.sweeps += 1
         snap = SubnetSnapshot(
             sweep=self.sweeps,

@@ -25,7 +25,7 @@ import numpy as np
 
 from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr
 from fabric.model import Fabric, NodeType, PhysState, PortState
-from sm.discover import Discovery, Path
+from sm.discover import Discovery, Path, apply_port_info, nodeinfo_problem
 from sm.smp import SmpRequest, smp_batch
 from sm.transport.base import WindowedTransport
 
@@ -156,13 +156,15 @@ async def light_sweep(
         if isinstance(ans, Exception):
             continue  # came up and went again, or not trained yet: the next sweep sees it
         ni = NODE_INFO.unpack(ans)
+        if nodeinfo_problem(ni) is not None:
+            continue  # garbage from a device that is not there yet: the next sweep looks again
         guid, local = int(ni["NodeGUID"]), int(ni["LocalPortNum"])
         try:
             m = f.by_guid(guid)
         except KeyError:
             out.new_nodes.append((c.node, c.port))
             continue
-        if f.node_type[m] != NodeType.SWITCH and not f.port_exists[m, local]:
+        if local > f.nports[m] or (f.node_type[m] != NodeType.SWITCH and not f.port_exists[m, local]):
             out.new_nodes.append((c.node, c.port))  # a CA port never seen before: its GUID is new
             continue
         out.peers[(c.node, c.port)] = (guid, local)
@@ -254,11 +256,11 @@ def apply_changes(
             port_info[(c.node, c.port)] = c.info
         f.connect(c.node, c.port, m, q, state=PortState.INIT)
         if c.info is not None:
-            _record(f, c.node, c.port, c.info)
+            apply_port_info(f, c.node, c.port, c.info)
         far = sweep.peer_info.get((c.node, c.port))
         if far is not None:
             port_info[(m, q)] = far
-            _record(f, m, q, far)
+            apply_port_info(f, m, q, far)
     hold_down(f, held)
     paths = shortest_paths(f, d.sm_node, d.sm_port)
     if any(p is None for i, p in enumerate(paths) if f.node_type[i] == NodeType.SWITCH):
@@ -273,7 +275,16 @@ def apply_changes(
             m = int(f.peer_node[n, p])
             if f.node_type[m] == NodeType.SWITCH:
                 port_paths[(n, p)] = (*new_paths[m], int(f.peer_port[n, p]))
-    return replace(d, fabric=f, paths=new_paths, port_paths=port_paths, port_info=port_info, errors=[], smps=0)
+    return replace(
+        d,
+        fabric=f,
+        paths=new_paths,
+        port_paths=port_paths,
+        port_info=port_info,
+        switch_info=dict(d.switch_info),  # programming updates it; the last snapshot keeps its own
+        errors=[],
+        smps=0,
+    )
 
 
 def hold_down(f: Fabric, held: Set[tuple[int, int]]) -> None:
@@ -285,11 +296,6 @@ def hold_down(f: Fabric, held: Set[tuple[int, int]]) -> None:
             continue
         if f.peer_node[n, port] >= 0:
             f.disconnect(n, port)
-
-
-def _record(f: Fabric, n: int, p: int, info: dict[str, Any]) -> None:
-    f.state[n, p] = int(info["PortState"])
-    f.phys_state[n, p] = int(info["PortPhysicalState"])
 
 
 class FlapDamper:

@@ -10,7 +10,7 @@ import pytest
 
 from fabric import fileio
 from fabric.model import Fabric, FabricBuilder, NodeType
-from sm.lids import LidManager, assign_lids, read_guid2lid, write_guid2lid
+from sm.lids import LidError, LidManager, assign_lids, read_guid2lid, write_guid2lid
 
 
 def small_fabric(extra_host: bool = False) -> Fabric:
@@ -125,8 +125,21 @@ def test_lmc_change_reassigns_misaligned(tmp_path: Path) -> None:
 
 
 def test_bad_lmc() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(LidError, match="LMC 8"):
         assign_lids(small_fabric(), lmc=8)
+
+
+def test_unwritable_guid2lid_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(LidError, match="cannot read the guid2lid file: Not a directory"):
+        LidManager(blocker / "guid2lid")
+    (tmp_path / "d").mkdir()
+    ok = LidManager(tmp_path / "d" / "guid2lid")
+    (tmp_path / "d").rmdir()
+    (tmp_path / "d").write_text("")  # the directory became a file under the manager
+    with pytest.raises(LidError, match="cannot write the guid2lid file"):
+        ok.plan(small_fabric())
 
 
 def test_atomic_write_honours_the_umask(tmp_path: Path) -> None:
