@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "ibfm.commands.sm",
     "ibfm.commands.demo",
     "ibfm.commands.congestion",
+    "ibfm.commands.serve",
 ]
 
 

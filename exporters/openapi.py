@@ -1,0 +1,645 @@
+"""The HTTP API's schemas (pydantic models) and its OpenAPI 3.1 document.
+
+Handlers in :mod:`exporters.http_api` build plain dicts for speed; these
+models say what those dicts hold. The component schemas of the document
+are derived from the models, the paths are written out here, and the
+tests validate every response against its model, so the document cannot
+drift from what the server sends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+
+from sm.events import event_schema
+
+API_PREFIX = "/api/v1"
+API_VERSION = "1.0.0"
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+NodeKind = Literal["switch", "ca", "router"]
+PortStateName = Literal["nop", "down", "init", "armed", "active"]
+
+
+class ErrorBody(_M):
+    """Every 4xx and 5xx answer."""
+
+    error: str = Field(description="Short machine-readable code, e.g. `bad_parameter`, `not_found`.")
+    detail: str = Field(description="What is wrong, for a human.")
+    parameter: str | None = Field(description="The query, path or body parameter at fault, if one is.")
+
+
+class PortEnd(_M):
+    node: str = Field(description="Node name (NodeDescription as discovered).")
+    guid: str = Field(description="Node GUID, 0x-prefixed hex.")
+    port: int
+
+
+class NodeSummary(_M):
+    name: str
+    description: str = Field(description="NodeDescription.")
+    guid: str = Field(description="Node GUID, 0x-prefixed hex.")
+    type: NodeKind
+    nports: int = Field(description="Number of physical ports.")
+    lid: int | None = Field(description="Switch: port 0's LID; CA: its first port's LID; null if none.")
+    system_image_guid: str
+    vendor_id: int
+    device_id: int
+
+
+class PortDetail(_M):
+    node: str
+    guid: str = Field(description="Node GUID.")
+    port: int
+    port_guid: str
+    state: PortStateName = Field(description="PortInfo.PortState.")
+    phys_state: str = Field(description="PortInfo.PortPhysicalState, lower case (linkup, polling, ...).")
+    width: str | None = Field(description="Active link width, e.g. `4x`; null when down.")
+    speed: str | None = Field(description="Active lane speed, e.g. `NDR`; null when down.")
+    rate_gbps: float = Field(description="Data rate of the link in Gb/s (0 when down).")
+    mtu: int | None = Field(description="Active MTU in bytes.")
+    lid: int | None = Field(description="Base LID of an end port (switch port 0, CA ports).")
+    lmc: int
+    peer: PortEnd | None = Field(description="The port at the other end of the cable.")
+    counters: dict[str, int] | None = Field(
+        description="PMA counter totals since the daemon started (bytes, packets, ticks or events); null "
+        "without a performance manager."
+    )
+    rates: dict[str, float | None] | None = Field(
+        description="Per-second rates over the last counter interval; null entries where not measured."
+    )
+
+
+class NodeDetail(NodeSummary):
+    ports: list[PortDetail]
+
+
+class NodePage(_M):
+    total: int = Field(description="Items matching the filters (before paging).")
+    offset: int
+    limit: int
+    items: list[NodeSummary]
+
+
+class PortPage(_M):
+    total: int
+    offset: int
+    limit: int
+    items: list[PortDetail]
+
+
+class LinkInfo(_M):
+    a: PortEnd
+    b: PortEnd
+    state: PortStateName = Field(description="The lower PortState of the two ends.")
+    phys_state: str
+    width: str | None
+    speed: str | None
+    rate_gbps: float
+    mtu: int | None
+
+
+class LinkPage(_M):
+    total: int
+    offset: int
+    limit: int
+    items: list[LinkInfo]
+
+
+class RouteEndpoint(_M):
+    endpoint: str = Field(description="`node[port]`.")
+    node: str
+    guid: str = Field(description="Port GUID, 0x-prefixed hex.")
+    port: int
+    lid: int
+
+
+class RouteHop(_M):
+    node: str
+    guid: str
+    type: NodeKind
+    in_port: int = Field(description="Port the packet enters on (0 at the source).")
+    out_port: int = Field(description="Port it leaves on (0 at the destination).")
+    width: str | None = Field(description="Width of the link left on; null at the destination.")
+    speed: str | None
+    rate_gbps: float | None
+    mtu: int | None
+
+
+class PathRecord(_M):
+    """The fields an SA PathRecord query would answer for this pair."""
+
+    sgid: str
+    dgid: str
+    slid: int
+    dlid: int
+    pkey: str
+    sl: int
+    mtu: int = Field(description="PathRecord MTU code (1 = 256 .. 5 = 4096).")
+    mtu_bytes: int
+    rate: int | None = Field(description="PathRecord Rate code (IBA table: 16 = 100 Gb/s, 21 = 400 Gb/s, ...).")
+    rate_gbps: float = Field(description="Signalling rate of the slowest link, Gb/s.")
+    hop_count: int = Field(description="Links crossed.")
+
+
+class RouteInfo(_M):
+    src: RouteEndpoint
+    dst: RouteEndpoint
+    delivered: bool = Field(description="False when the route breaks; `failure` says where.")
+    failure: str | None
+    hops: list[RouteHop]
+    path_mtu: int = Field(description="Smallest MTU on the path, bytes (0 if broken).")
+    rate_gbps: float = Field(description="Smallest data rate on the path, Gb/s (0 if broken).")
+    path_record: PathRecord | None
+
+
+class LftEntry(_M):
+    lid: int
+    port: int
+
+
+class SwitchRef(_M):
+    name: str
+    guid: str
+    lid: int | None
+
+
+class LftInfo(_M):
+    switch: SwitchRef
+    lid_top: int = Field(description="Highest LID with an entry (LinearFDBTop as programmed).")
+    count: int
+    entries: list[LftEntry] = Field(description="Every LID with a route (port 255 entries are left out).")
+
+
+class VerifySummary(_M):
+    ok: bool
+    pairs: int = Field(description="(source end port, destination LID) pairs the topology connects.")
+    reachable: int
+    unreachable: int
+    host_pairs: int
+    host_unreachable: int
+    max_hops: int
+    mean_hops: float
+    failures: list[str] = Field(description="Examples of failing pairs (at most 50).")
+
+
+class SweepState(_M):
+    number: int
+    time: float = Field(description="Unix time of the last heavy sweep.")
+    age_s: float
+    phases_s: dict[str, float]
+    smps: int
+    last_failure: dict[str, Any] | None = Field(description="The last failed sweep since the last heavy one.")
+
+
+class ProgramState(_M):
+    ok: bool
+    port_sets: int
+    lft_blocks_sent: int
+    lft_blocks_unchanged: int
+    ports_active: int
+    failures: list[str]
+
+
+class Health(_M):
+    state: Literal["up", "degraded", "down"] = Field(
+        description="up: routes verified, all programmed, no credit loop, no failed sweep since; degraded: "
+        "usable with problems; down: some connected pairs have no route."
+    )
+    subnet_up: bool
+    sweep: SweepState
+    fabric: dict[str, int]
+    sm: dict[str, Any]
+    routing: dict[str, Any]
+    verify: VerifySummary
+    credit_loops: list[str]
+    lids: dict[str, Any]
+    program: ProgramState
+    discovery_errors: list[str]
+    perfmgr: dict[str, Any] | None
+
+
+class Check(_M):
+    ok: bool
+    severity: Literal["error", "warning", "info"]
+    count: int = Field(description="Problems found (all of them, even when `items` is truncated).")
+    items: list[dict[str, Any]] = Field(description="Problems, each with a `text` naming nodes and ports.")
+    truncated: bool
+    note: str = Field(description="Why the check was skipped, or what it compared.")
+
+
+class Validation(_M):
+    ok: bool = Field(description="No check of severity error failed.")
+    errors: int
+    warnings: int
+    expected_topology: str | None = Field(description="The design compared against, if any.")
+    checks: dict[str, Check]
+    shape: dict[str, Any] = Field(description="The detected shape (fat-tree levels, missing links, ...).")
+
+
+class HotLink(_M):
+    src: str = Field(description="Transmitting port, `node[port]`.")
+    dst: str = Field(description="Receiving port.")
+    capacity_gbps: float
+    load_gbps: float
+    utilization: float = Field(description="Load over capacity, 0..1.")
+    flows: int
+    bottlenecked: int = Field(description="Flows whose bottleneck this link is.")
+    xmit_wait: float = Field(description="Fraction of time the port waits for credits.")
+    xmit_wait_per_s: float = Field(description="Predicted XmitWait ticks per second.")
+
+
+class FlowStats(_M):
+    flows: int
+    unrouted: int
+    min: float = Field(description="Slowest flow's rate over its link rate.")
+    mean: float
+    max: float
+    full_rate: int = Field(description="Flows at their full link rate.")
+    aggregate_gbps: float
+    saturated_links: int
+    waiting_ports: int = Field(description="Ports predicted to see XmitWait.")
+    max_utilization: float
+    max_xmit_wait: float
+
+
+class Congestion(_M):
+    pattern: str
+    hosts: int = Field(description="Host ports the pattern addresses.")
+    flows: int
+    unrouted: int = Field(description="Flows whose route breaks.")
+    flow_stats: FlowStats
+    hottest: list[HotLink] = Field(description="Busiest links: by utilization, then bottlenecked flows, then wait.")
+    rounds: int = Field(description="Progressive-filling rounds of the max-min computation.")
+    model: str = Field(description="The model the prediction comes from.")
+
+
+class ShiftQualityInfo(_M):
+    hosts: int
+    shifts: int
+    total_shifts: int
+    sampled: bool
+    max_load: int
+    mean_load: float
+    mean_max_load: float
+    unrouted: int
+
+
+class RouteQuality(_M):
+    engine: str
+    refused: list[dict[str, str]]
+    verify: VerifySummary
+    credit_loops: list[str]
+    shift_quality: ShiftQualityInfo
+    congestion: Congestion | None
+    pattern_error: str = Field(description="Why the pattern could not be built on these routes' fabric, or ''.")
+
+
+class LinkSpec(_M):
+    node: str = Field(description="Node name, GUID (0x...) or LID.")
+    port: int = Field(ge=1, le=254)
+
+
+class WhatIfRequest(_M):
+    links: list[str | LinkSpec] = Field(
+        default_factory=list, max_length=4096, description="Cables to fail: `node[port]` or {node, port}."
+    )
+    switches: list[str] = Field(
+        default_factory=list, max_length=4096, description="Switches to remove: name, GUID or LID."
+    )
+    pattern: str = Field("shift:1", description="Traffic pattern for the congestion prediction.")
+    max_shifts: int = Field(32, ge=1, le=1024, description="Shifts sampled for the shift-quality figures.")
+
+
+class WhatIf(_M):
+    failed_links: list[str]
+    failed_switches: list[str]
+    routed: bool
+    reason: str
+    hosts_cut_off: list[str]
+    lft_blocks_changed: int
+    switches_changed: int
+    before: RouteQuality
+    after: RouteQuality | None
+
+
+class SweepRequest(_M):
+    heavy: bool = Field(False, description="Force a heavy sweep (full discovery and routing).")
+
+
+class SweepAccepted(_M):
+    requested: bool
+    heavy: bool
+    sweep: int | None = Field(description="Number of the last completed heavy sweep.")
+
+
+class EventPage(_M):
+    total: int
+    items: list[dict[str, Any]] = Field(description="Events, oldest first (see the Event schema).")
+
+
+MODELS: tuple[type[BaseModel], ...] = (
+    ErrorBody,
+    NodePage,
+    NodeDetail,
+    PortPage,
+    LinkPage,
+    RouteInfo,
+    LftInfo,
+    Health,
+    Validation,
+    Congestion,
+    WhatIfRequest,
+    WhatIf,
+    SweepRequest,
+    SweepAccepted,
+    EventPage,
+)
+
+
+# -- the document ---------------------------------------------------------------------------------------------
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(name: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {
+        400: "A bad parameter or body",
+        401: "No bearer token",
+        403: "Wrong token, or writes disabled",
+        404: "Nothing by that name",
+        413: "Body too large",
+        415: "Unsupported body type",
+        429: "A heavy computation is already running",
+        503: "No sweep has completed yet",
+    }
+    return {str(c): _json("ErrorBody", text[c]) for c in codes}
+
+
+def _param(name: str, where: str, schema: dict[str, Any], description: str, required: bool = False) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": required or where == "path", "description": description,
+            "schema": schema}
+
+
+_LIMIT = _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                "Items per page.")
+_OFFSET = _param("offset", "query", {"type": "integer", "minimum": 0, "default": 0}, "Items to skip.")
+_NODE_ID = _param("id", "path", {"type": "string", "minLength": 1}, "Node name, node or port GUID (0x...), or LID.")
+
+
+def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every endpoint, parameter and response."""
+    _, defs = models_json_schema([(m, "serialization") for m in MODELS], ref_template="#/components/schemas/{model}")
+    schemas: dict[str, Any] = dict(defs.get("$defs", {}))
+    ev = event_schema()
+    ev_defs = ev.pop("$defs", {})
+    schemas.update(_retarget(ev_defs))
+    schemas["Event"] = _retarget(ev)
+    schemas["EventPage"]["properties"]["items"] = {"type": "array", "items": _ref("Event"),
+                                                   "description": "Events, oldest first."}
+    read = ["topology"]
+    paths: dict[str, Any] = {
+        f"{API_PREFIX}/openapi.json": {
+            "get": {
+                "tags": ["meta"],
+                "operationId": "getOpenapi",
+                "summary": "This document",
+                "responses": {"200": {"description": "OpenAPI 3.1 document",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}}},
+            }
+        },
+        f"{API_PREFIX}/health": {
+            "get": {
+                "tags": ["subnet"],
+                "operationId": "getHealth",
+                "summary": "Subnet health: state, last sweep, engine, refusals, verification, credit loops",
+                "responses": {"200": _json("Health", "Subnet health"), **_errors(503)},
+            }
+        },
+        f"{API_PREFIX}/nodes": {
+            "get": {
+                "tags": read,
+                "operationId": "listNodes",
+                "summary": "Nodes of the subnet",
+                "parameters": [
+                    _param("type", "query", {"type": "string", "enum": ["switch", "ca", "router"]}, "Node type."),
+                    _param("name", "query", {"type": "string"},
+                           "Case-insensitive substring of the name or NodeDescription."),
+                    _LIMIT,
+                    _OFFSET,
+                ],
+                "responses": {"200": _json("NodePage", "A page of nodes"), **_errors(400, 503)},
+            }
+        },
+        f"{API_PREFIX}/nodes/{{id}}": {
+            "get": {
+                "tags": read,
+                "operationId": "getNode",
+                "summary": "One node with its ports",
+                "parameters": [_NODE_ID],
+                "responses": {"200": _json("NodeDetail", "The node"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/ports": {
+            "get": {
+                "tags": read,
+                "operationId": "listPorts",
+                "summary": "Ports (PortInfo and, with a performance manager, counters)",
+                "parameters": [
+                    _param("node", "query", {"type": "string"}, "Only this node's ports (name, GUID or LID)."),
+                    _param("state", "query", {"type": "string", "enum": ["down", "init", "armed", "active"]},
+                           "PortState."),
+                    _LIMIT,
+                    _OFFSET,
+                ],
+                "responses": {"200": _json("PortPage", "A page of ports"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/links": {
+            "get": {
+                "tags": read,
+                "operationId": "listLinks",
+                "summary": "Cables between two ports",
+                "parameters": [
+                    _param("node", "query", {"type": "string"}, "Only links of this node (name, GUID or LID)."),
+                    _param("state", "query", {"type": "string", "enum": ["down", "init", "armed", "active"]},
+                           "The lower PortState of the two ends."),
+                    _LIMIT,
+                    _OFFSET,
+                ],
+                "responses": {"200": _json("LinkPage", "A page of links"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/routes": {
+            "get": {
+                "tags": ["routing"],
+                "operationId": "getRoute",
+                "summary": "Hops from one endpoint to another through the LFTs (ibtracert) and the PathRecord",
+                "parameters": [
+                    _param("src", "query", {"type": "string", "minLength": 1},
+                           "Source: node name, node or port GUID (0x...), or LID.", True),
+                    _param("dst", "query", {"type": "string", "minLength": 1}, "Destination, as src.", True),
+                ],
+                "responses": {"200": _json("RouteInfo", "The route"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/switches/{{id}}/lft": {
+            "get": {
+                "tags": ["routing"],
+                "operationId": "getLft",
+                "summary": "A switch's linear forwarding table",
+                "parameters": [
+                    _param("id", "path", {"type": "string", "minLength": 1}, "Switch name, GUID (0x...) or LID."),
+                    _param("format", "query", {"type": "string", "enum": ["json", "ibroute"], "default": "json"},
+                           "`ibroute`: text as `ibroute <lid>` prints it."),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The LFT",
+                        "content": {
+                            "application/json": {"schema": _ref("LftInfo")},
+                            "text/plain": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **_errors(400, 404, 503),
+                },
+            }
+        },
+        f"{API_PREFIX}/validation": {
+            "get": {
+                "tags": ["diagnostics"],
+                "operationId": "getValidation",
+                "summary": "ibdiagnet-style checks; cabling against the configured expected topology",
+                "responses": {"200": _json("Validation", "Check results"), **_errors(503)},
+            },
+            "post": {
+                "tags": ["diagnostics"],
+                "operationId": "postValidation",
+                "summary": "The same checks, cabling against a posted net file (ibsim or ibnetdiscover format)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"text/plain": {"schema": {"type": "string"}},
+                                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                "responses": {"200": _json("Validation", "Check results"), **_errors(400, 413, 415, 429, 503)},
+            },
+        },
+        f"{API_PREFIX}/congestion": {
+            "get": {
+                "tags": ["analysis"],
+                "operationId": "getCongestion",
+                "summary": "Predicted congestion of a traffic pattern on the current routes",
+                "parameters": [
+                    _param("pattern", "query", {"type": "string", "default": "shift:1"},
+                           "shift:S, random-permutation[:SEED], random-bisection[:SEED], all-to-all, "
+                           "incast:N[:DST], ring, ring-per-rail; each optionally @LOAD (fraction of the link "
+                           "rate offered instead of greedy)."),
+                    _param("top", "query", {"type": "integer", "minimum": 0, "maximum": 1000, "default": 10},
+                           "Most loaded links listed."),
+                ],
+                "responses": {"200": _json("Congestion", "The prediction"), **_errors(400, 503)},
+            }
+        },
+        f"{API_PREFIX}/whatif": {
+            "post": {
+                "tags": ["analysis"],
+                "operationId": "postWhatIf",
+                "summary": "Route quality and congestion with cables or switches failed, without touching the fabric",
+                "requestBody": {"required": True,
+                                "content": {"application/json": {"schema": _ref("WhatIfRequest")}}},
+                "responses": {"200": _json("WhatIf", "Before and after"), **_errors(400, 404, 413, 415, 429, 503)},
+            }
+        },
+        f"{API_PREFIX}/sweep": {
+            "post": {
+                "tags": ["control"],
+                "operationId": "postSweep",
+                "summary": "Ask the SM for a sweep now (needs the bearer token)",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": False,
+                                "content": {"application/json": {"schema": _ref("SweepRequest")}}},
+                "responses": {"202": _json("SweepAccepted", "Requested"), **_errors(400, 401, 403, 415)},
+            }
+        },
+        f"{API_PREFIX}/events": {
+            "get": {
+                "tags": ["subnet"],
+                "operationId": "listEvents",
+                "summary": "Recent events (link up/down, sweeps, routing failures, ...)",
+                "parameters": [
+                    _param("type", "query", {"type": "string"}, "Only events of this type (e.g. link_down)."),
+                    _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                           "The most recent events returned."),
+                ],
+                "responses": {"200": _json("EventPage", "Events"), **_errors(400)},
+            }
+        },
+    }
+    if metrics:
+        paths["/metrics"] = {
+            "get": {
+                "tags": ["meta"],
+                "operationId": "getMetrics",
+                "summary": "Prometheus exposition",
+                "responses": {"200": {"description": "Prometheus text format",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ibfm",
+            "version": API_VERSION,
+            "description": "InfiniBand fabric manager: topology, routes, LFTs, health, validation, "
+            "congestion and what-if. Reads are open; writes need `Authorization: Bearer <token>`. "
+            "Every error is JSON: {error, detail, parameter}.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _retarget(node: Any) -> Any:
+    """Move pydantic's ``#/$defs/X`` references under ``#/components/schemas/X``."""
+    if isinstance(node, dict):
+        return {
+            k: (v.replace("#/$defs/", "#/components/schemas/") if k == "$ref" and isinstance(v, str) else _retarget(v))
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_retarget(v) for v in node]
+    return node
+
+
+MODEL_FOR: dict[tuple[str, str], type[BaseModel]] = {
+    ("get", "/health"): Health,
+    ("get", "/nodes"): NodePage,
+    ("get", "/nodes/{id}"): NodeDetail,
+    ("get", "/ports"): PortPage,
+    ("get", "/links"): LinkPage,
+    ("get", "/routes"): RouteInfo,
+    ("get", "/switches/{id}/lft"): LftInfo,
+    ("get", "/validation"): Validation,
+    ("post", "/validation"): Validation,
+    ("get", "/congestion"): Congestion,
+    ("post", "/whatif"): WhatIf,
+    ("post", "/sweep"): SweepAccepted,
+    ("get", "/events"): EventPage,
+}
+"""Response model of each operation's success answer (paths without the prefix), for tests and tools."""

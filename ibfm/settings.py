@@ -1,0 +1,550 @@
+"""Settings of the ``ibfm serve`` daemon: a TOML file, ``IBFM_`` environment variables and flags.
+
+Precedence, highest first: command-line flags, environment variables
+(``IBFM_`` prefix, ``__`` between a section and its key, e.g.
+``IBFM_SM__LMC=1``), the TOML file (``--config FILE`` or ``IBFM_CONFIG``;
+one table per section, e.g. ``[sm]`` ``lmc = 1``), the defaults. Every
+setting carries its description here; ``docs/settings.md`` is generated
+from this model (``python -m ibfm.settings``) and a test fails when it is
+stale.
+
+A bad value raises :class:`SettingsError` naming the setting and where it
+can be set; the command line prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as _PydanticSettingsError
+
+from fabric.errors import FormatError, IbfmError
+from sm.routing.base import parse_chain
+
+ENV_PREFIX = "IBFM_"
+ENV_NESTED = "__"
+CONFIG_ENV = "IBFM_CONFIG"
+"""Environment variable naming the TOML file when ``--config`` is not given."""
+
+DEFAULT_PORT = 9690
+
+
+class SettingsError(IbfmError):
+    """A setting with a bad value, or a config file that cannot be read."""
+
+
+def check_pattern_spec(spec: str) -> str:
+    """A traffic pattern spec, checked on a small fat-tree (the real fabric is not known yet); "" passes."""
+    text = spec.strip()
+    if not text:
+        return ""
+    from fabric.generate import fattree
+    from sm.lidmap import sequential_lids
+    from sm.patterns import PatternError, parse_pattern
+
+    f = fattree(2, 8)
+    try:
+        parse_pattern(text, f, sequential_lids(f))
+    except PatternError as e:
+        msg = str(e)
+        if "outside" not in msg and "need" not in msg:  # host counts depend on the real fabric
+            raise ValueError(msg) from None
+    return text
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _split_list(value: object) -> str:
+    """A TOML list or a comma-separated string -> the canonical comma-separated string."""
+    if isinstance(value, list | tuple):
+        return ",".join(str(v).strip() for v in value)
+    if isinstance(value, str):
+        return ",".join(t.strip() for t in value.split(",") if t.strip())
+    raise ValueError("expected a list or a comma-separated string")
+
+
+class FabricSettings(_Section):
+    """Where the fabric comes from."""
+
+    transport: Literal["emulated", "umad"] = Field(
+        "emulated",
+        description="Fabric access: `emulated` (an in-process fabric, ibsim-like) or `umad` (a real HCA port "
+        "through libibumad, or ibsim through libumad2sim).",
+    )
+    topology: Path | None = Field(
+        None,
+        description="Emulated transport: net file (ibsim or ibnetdiscover format) loaded into the emulator. "
+        "Unset: a generated fat-tree (`fattree_levels`, `fattree_radix`).",
+    )
+    fattree_levels: Literal[2, 3] = Field(
+        2, description="Generated fat-tree (emulated transport, no `topology`): switch levels, 2 or 3."
+    )
+    fattree_radix: int = Field(
+        8,
+        ge=4,
+        le=64,
+        description="Generated fat-tree: switch port count k (even, 4..64). 2 levels: k leaves of k/2 hosts and "
+        "k/2 spines (k=8: 32 hosts, 12 switches).",
+    )
+    traffic: str = Field(
+        "random-permutation:1@0.3",
+        description="Emulated transport: the traffic pattern the hosts run (`ibfm congestion` spec: shift:S, "
+        "random-permutation[:SEED], random-bisection[:SEED], all-to-all, incast:N[:DST], ring, ring-per-rail, "
+        "`@F` = each sender offers F times its link rate). The congestion model's rates on the current routes "
+        "drive the PMA counters; empty: idle.",
+    )
+    ca: str | None = Field(None, description="umad transport: CA name (e.g. `mlx5_0`); unset: the first CA.")
+    port: int | None = Field(
+        None, ge=1, le=254, description="umad transport: CA port number; unset: the first active port."
+    )
+    expected_topology: Path | None = Field(
+        None,
+        description="Net file of the fabric as cabled by design: `GET /api/v1/validation` reports missing, "
+        "extra and swapped cables against it.",
+    )
+
+    @field_validator("traffic")
+    @classmethod
+    def _traffic(cls, v: str) -> str:
+        return check_pattern_spec(v)
+
+    @field_validator("fattree_radix")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError("the fat-tree radix must be even")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FabricSettings:
+        if self.transport == "umad" and self.topology is not None:
+            raise ValueError("fabric.topology is for the emulated transport, not umad (unset one of them)")
+        if self.transport == "emulated" and self.topology is None and self.fattree_levels == 3 and (
+            self.fattree_radix > 36
+        ):
+            raise ValueError("a generated 3-level fat-tree above radix 36 exceeds the LID space")
+        return self
+
+
+class SmSettings(_Section):
+    """The subnet manager: routing, LIDs, sweeps."""
+
+    engines: str = Field(
+        "ftree,updn,minhop",
+        description="Routing engines tried in order, comma-separated (as OpenSM's `-R`): ftree, updn, minhop.",
+    )
+    lmc: int = Field(0, ge=0, le=2, description="LID mask control: each end port gets 2^lmc LIDs (0..2).")
+    guid2lid: Path | None = Field(
+        None, description="guid2lid file (OpenSM format) keeping LIDs stable across restarts; unset: in memory."
+    )
+    root_guids: str = Field(
+        "",
+        description="Node GUIDs of the root switches for ftree/updn, comma-separated hex (`0x...`); "
+        "empty: detected.",
+    )
+    sweep_interval: float = Field(
+        10.0,
+        gt=0.0,
+        le=86400.0,
+        description="Seconds between light sweeps; traps and `POST /api/v1/sweep` sweep at once.",
+    )
+    flap_max: int = Field(
+        4, ge=1, description="Flap damping: state changes of one port within `flap_window` before it is held down."
+    )
+    flap_window: float = Field(60.0, gt=0.0, description="Flap damping: window in seconds for counting changes.")
+    flap_hold: float = Field(300.0, ge=0.0, description="Flap damping: seconds a flapping port is held down.")
+    check_credit_loops: bool = Field(True, description="Check the routes for credit loops after each heavy sweep.")
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _engines(cls, v: object) -> str:
+        text = _split_list(v)
+        try:
+            return ",".join(parse_chain(text))
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("root_guids", mode="before")
+    @classmethod
+    def _guids(cls, v: object) -> str:
+        text = _split_list(v)
+        out = []
+        for t in filter(None, text.split(",")):
+            try:
+                g = int(t, 16)
+            except ValueError:
+                raise ValueError(f"bad GUID {t!r} (hex, e.g. 0x0002c90000000010)") from None
+            if not 0 < g < 1 << 64:
+                raise ValueError(f"GUID {t!r} outside 64 bits")
+            out.append(f"{g:#018x}")
+        return ",".join(out)
+
+    @property
+    def engine_chain(self) -> tuple[str, ...]:
+        return tuple(self.engines.split(","))
+
+    @property
+    def root_guid_list(self) -> tuple[int, ...]:
+        return tuple(int(t, 16) for t in self.root_guids.split(",") if t)
+
+
+class PerfMgrSettings(_Section):
+    """The performance manager (PMA counters)."""
+
+    enabled: bool = Field(True, description="Sweep PortCounters/PortCountersExtended of every port.")
+    interval: float = Field(10.0, ge=0.1, le=86400.0, description="Seconds between counter sweeps.")
+
+
+class CongestionSettings(_Section):
+    """The congestion model's prediction exported on /metrics."""
+
+    pattern: str = Field(
+        "random-permutation:1@0.3",
+        description="Traffic pattern (as `fabric.traffic`) whose predicted utilization and XmitWait per port "
+        "`/metrics` exports, recomputed after each heavy sweep; empty: no prediction exported.",
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        return check_pattern_spec(v)
+
+
+class ApiSettings(_Section):
+    """The HTTP API."""
+
+    token: SecretStr | None = Field(
+        None,
+        description="Bearer token that write requests (`POST /api/v1/sweep`) must carry in `Authorization: "
+        "Bearer <token>`; unset: writes are refused (403). At least 8 characters. No flag: a command line is "
+        "visible to every user of the host.",
+    )
+    max_body_bytes: int = Field(
+        64 << 20, ge=1024, description="Largest request body accepted (a posted net file), in bytes."
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            return None
+        if v is not None and len(v.get_secret_value()) < 8:
+            raise ValueError("an API token needs at least 8 characters")
+        return v
+
+
+class MqttSettings(_Section):
+    """The MQTT publisher (events and retained subnet state)."""
+
+    enabled: bool = Field(False, description="Publish events and retained state to an MQTT broker.")
+    host: str = Field("localhost", min_length=1, description="Broker host name or address.")
+    port: int = Field(1883, ge=1, le=65535, description="Broker TCP port.")
+    subnet: str = Field(
+        "subnet0",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Subnet name: topics are `ibfm/<subnet>/...` (letters, digits, `_.-`).",
+    )
+
+
+class LogSettings(_Section):
+    """Logging."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Least severe level logged.")
+    format: Literal["text", "json"] = Field(
+        "text", description="`text` (one human line per record) or `json` (one JSON object per line)."
+    )
+    access_log: bool = Field(False, description="Log every HTTP request (at INFO).")
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: object) -> object:
+        return v.upper() if isinstance(v, str) else v
+
+
+# The TOML file's contents for the Settings being built (set by load_settings).
+_FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("_FILE_DATA", default=None)
+
+
+class Settings(BaseSettings):
+    """Everything ``ibfm serve`` reads."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED,
+        extra="forbid",
+        validate_default=True,
+        case_sensitive=False,
+    )
+
+    listen: str = Field(
+        f"127.0.0.1:{DEFAULT_PORT}",
+        description="HTTP address, `HOST:PORT` (`[::1]:9690` for IPv6; port 0 picks a free port).",
+    )
+    fabric: FabricSettings = Field(default_factory=FabricSettings)  # type: ignore[arg-type]
+    sm: SmSettings = Field(default_factory=SmSettings)  # type: ignore[arg-type]
+    perfmgr: PerfMgrSettings = Field(default_factory=PerfMgrSettings)  # type: ignore[arg-type]
+    congestion: CongestionSettings = Field(default_factory=CongestionSettings)  # type: ignore[arg-type]
+    api: ApiSettings = Field(default_factory=ApiSettings)  # type: ignore[arg-type]
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)  # type: ignore[arg-type]
+    log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v.strip()
+
+    @property
+    def listen_host(self) -> str:
+        return parse_listen(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return parse_listen(self.listen)[1]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init arguments) > environment > TOML file > defaults."""
+        return init_settings, env_settings, InitSettingsSource(settings_cls, _FILE_DATA.get() or {})
+
+    def public_dict(self) -> dict[str, Any]:
+        """The effective settings as plain data, the token shown as set or not."""
+        d = self.model_dump(mode="json")
+        d["api"]["token"] = "(set)" if self.api.token is not None else None
+        return d
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); ValueError naming what is wrong."""
+    t = text.strip()
+    if t.startswith("["):
+        end = t.find("]")
+        if end < 0 or t[end + 1 : end + 2] != ":":
+            raise ValueError(f"{text!r}: expected [IPV6]:PORT")
+        host, port_s = t[1:end], t[end + 2 :]
+    else:
+        host, sep, port_s = t.rpartition(":")
+        if not sep:
+            raise ValueError(f"{text!r}: expected HOST:PORT")
+        if ":" in host:
+            raise ValueError(f"{text!r}: write an IPv6 address as [ADDR]:PORT")
+    if not host:
+        raise ValueError(f"{text!r}: empty host (use 0.0.0.0 for every address)")
+    if not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
+        raise ValueError(f"{text!r}: port {port_s!r} is not a number in 0..65535")
+    return host, int(port_s)
+
+
+# -- where each setting can be set ---------------------------------------------------------------------
+
+FLAGS: dict[str, str] = {
+    "listen": "--listen",
+    "fabric.transport": "--transport",
+    "fabric.topology": "--topology",
+    "fabric.ca": "--ca",
+    "fabric.port": "--port",
+    "fabric.expected_topology": "--expected-topology",
+    "sm.engines": "--engine",
+    "sm.lmc": "--lmc",
+    "sm.guid2lid": "--guid2lid",
+    "sm.root_guids": "--root-guid",
+    "sm.sweep_interval": "--sweep-interval",
+    "perfmgr.interval": "--perfmgr-interval",
+    "log.level": "--log-level",
+    "log.format": "--log-format",
+}
+"""Settings that have a command-line flag (``ibfm serve``), by dotted name."""
+
+
+def env_name(dotted: str) -> str:
+    return ENV_PREFIX + dotted.upper().replace(".", ENV_NESTED)
+
+
+def _where(dotted: str) -> str:
+    section, _, key = dotted.rpartition(".")
+    toml = f"[{section}] {key}" if section else key
+    places = [f"--config file: {toml}", f"env {env_name(dotted)}"]
+    if dotted in FLAGS:
+        places.append(f"flag {FLAGS[dotted]}")
+    return ", ".join(places)
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = [str(x) for x in err["loc"] if not isinstance(x, int)]
+        # pydantic puts a union member or a validator kind after the field name; keep the field path
+        fields = []
+        model: Any = Settings
+        for part in loc:
+            fm = getattr(model, "model_fields", {})
+            if part in fm:
+                fields.append(part)
+                ann = fm[part].annotation
+                model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            elif not fields or model is not None:
+                fields.append(part)
+                break
+        dotted = ".".join(fields) or "(settings)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown setting {dotted!r}")
+            continue
+        given = err.get("input")
+        shown = "" if isinstance(given, dict | BaseModel) or given is None else f" = {given!r}"
+        if "token" in dotted:
+            shown = ""
+        if model is not None and fields and fields[-1] == loc[-1] and model is not Settings:
+            lines.append(f"settings [{dotted}]: {msg}")  # a check across one section's settings
+        else:
+            lines.append(f"setting {dotted}{shown}: {msg} (set by {_where(dotted)})")
+    return "bad settings: " + "; ".join(lines)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML file as a dict; FormatError naming file and line when it cannot be read."""
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise FormatError(p, None, f"cannot read config file: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        line = getattr(e, "lineno", None)
+        msg = getattr(e, "msg", str(e))
+        raise FormatError(p, line, f"bad TOML: {msg}") from None
+    return data
+
+
+def load_settings(config: str | os.PathLike[str] | None = None, flags: Mapping[str, Any] | None = None) -> Settings:
+    """Build the settings: ``flags`` (dotted name -> value) over the environment over ``config`` over defaults.
+
+    ``config`` defaults to the file named by ``$IBFM_CONFIG``.
+    """
+    if config is None and os.environ.get(CONFIG_ENV):
+        config = os.environ[CONFIG_ENV]
+    data = read_config_file(config) if config is not None else {}
+    nested: dict[str, Any] = {}
+    for dotted, value in (flags or {}).items():
+        cur = nested
+        *parents, last = dotted.split(".")
+        for part in parents:
+            cur = cur.setdefault(part, {})
+        cur[last] = value
+    token = _FILE_DATA.set(data)
+    try:
+        return Settings(**nested)
+    except ValidationError as e:
+        where = f" (config file {config})" if config is not None else ""
+        raise SettingsError(_explain(e) + where) from None
+    except _PydanticSettingsError as e:
+        raise SettingsError(f"bad settings: {e}") from None
+    finally:
+        _FILE_DATA.reset(token)
+
+
+# -- docs/settings.md -----------------------------------------------------------------------------------
+
+
+def _type_name(ann: Any) -> str:
+    args = typing.get_args(ann)
+    origin = typing.get_origin(ann)
+    if origin is Literal:
+        return " or ".join(f"`{a}`" for a in args)
+    if args and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return ", ".join(_type_name(a) for a in inner) + " (optional)"
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path", SecretStr: "secret string"}
+    return names.get(ann, getattr(ann, "__name__", str(ann)))
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None:
+        return ""
+    v = field.default
+    if v is None:
+        return "unset"
+    if isinstance(v, str):
+        return f"`{v}`" if v else '`""`'
+    if isinstance(v, bool):
+        return f"`{str(v).lower()}`"
+    return f"`{v}`"
+
+
+def render_settings_doc() -> str:
+    """``docs/settings.md``: every setting with its type, default, environment variable, flag and description."""
+    out = [
+        "# ibfm serve settings",
+        "",
+        "<!-- Generated from ibfm/settings.py by `python -m ibfm.settings`; do not edit by hand. -->",
+        "",
+        "Sources, highest precedence first: command-line flags, environment variables (`IBFM_` prefix, "
+        "`__` between section and key), the TOML file (`--config FILE`, or the file named by `IBFM_CONFIG`), "
+        "the defaults below. A bad value stops the daemon with a message naming the setting (exit status 2).",
+        "",
+        "```toml",
+        "# example config file",
+        'listen = "0.0.0.0:9690"',
+        "[fabric]",
+        'topology = "/etc/ibfm/fabric.net"',
+        "[sm]",
+        'engines = ["ftree", "updn"]',
+        "sweep_interval = 5.0",
+        "[api]",
+        'token = "change-me-please"',
+        "```",
+        "",
+    ]
+
+    def table(model: type[BaseModel], prefix: str) -> list[str]:
+        rows = [
+            "| Setting | Type | Default | Environment | Flag | Description |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                continue
+            dotted = f"{prefix}{name}"
+            flag = f"`{FLAGS[dotted]}`" if dotted in FLAGS else ""
+            desc = (f.description or "").replace("|", "\\|").replace("\n", " ")
+            rows.append(
+                f"| `{dotted}` | {_type_name(ann)} | {_default(f)} | `{env_name(dotted)}` | {flag} | {desc} |"
+            )
+        return rows
+
+    out += ["## General", "", *table(Settings, ""), ""]
+    for name, f in Settings.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            doc = (ann.__doc__ or "").strip().splitlines()[0]
+            out += [f"## [{name}]", "", doc, "", *table(ann, f"{name}."), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+
+
+if __name__ == "__main__":
+    from fabric.fileio import write_text_atomic
+
+    write_text_atomic(DOC_PATH, render_settings_doc())
+    print(f"wrote {DOC_PATH}")
