@@ -25,7 +25,14 @@ system-deps:
 	else echo "not root: skipping Debian packages ($(DEBS))"; fi
 
 demo: $(STAMP)
-	$(VENV)/bin/ibfm demo
+	@echo "ibfm daemon on the built-in emulated fabric (2-level fat-tree, 32 hosts). Open:"
+	@echo "  http://127.0.0.1:9690/api/v1/health                                   subnet health"
+	@echo "  http://127.0.0.1:9690/api/v1/routes?src=host-00000&dst=host-00031     a route"
+	@echo "  http://127.0.0.1:9690/api/v1/nodes                                    topology"
+	@echo "  http://127.0.0.1:9690/api/v1/openapi.json                             the API"
+	@echo "  http://127.0.0.1:9690/metrics                                         Prometheus"
+	@echo "Ctrl-C stops it. 'ibfm demo' instead runs the SM once and prints what it did."
+	$(VENV)/bin/ibfm serve
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .

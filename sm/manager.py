@@ -156,6 +156,7 @@ class FabricManager:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep until ``stop`` is set: at start, every ``sweep_interval``, and on every request."""
+        self._reasons.add("start")
         trap_task = asyncio.create_task(self._watch_traps(stop))
         try:
             while not stop.is_set():
