@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""ibfm against OpenSM on the same ibsim fabrics: time to subnet up, SMPs, and route quality read back.
+
+For each fat-tree (2-level k=36: 648 hosts; 3-level k=12, k=24: 3,456 hosts, k=36:
+11,664 hosts), as generated and with 2% of the inter-switch links removed
+(``degrade(fraction=0.02, seed=0)``), and for each SM:
+
+- ``ibfm``: ``ibfm sm --transport umad --json`` (engine chain ftree,updn,minhop);
+- ``osm-ftree``: ``opensm --once -R ftree``; on a degraded tree OpenSM's ftree refuses
+  a tree with a missing link unless given the roots, so it runs twice there:
+  without roots (it falls back to minhop) and ``osm-ftree+roots`` with ``-a`` naming
+  the top-level switches (spines / cores);
+- ``osm-minhop``: ``opensm --once`` with its default engine;
+
+each on a freshly started ibsim (``-N -S -P -L`` raised to fit; a fresh fabric every
+run: all ports INIT, no LIDs), attached at the first host's CA port, it prints:
+
+- wall time of the SM process, start to exit, and the sweep: ibfm's heavy sweep (sum of
+  its ``--json`` phases), OpenSM's "Entering DISCOVERING state" to "SUBNET UP" in its log;
+- phases: ibfm's own; OpenSM's from its log timestamps (default log level):
+  discover = DISCOVERING -> MASTER, route = MASTER -> "<engine> tables configured on
+  all switches" (LIDs and routing), program = -> "SUBNET UP" (LFT blocks in flight,
+  links ARMED then ACTIVE);
+- SMPs: ibfm counts what it sent; OpenSM does not report a count at its default log
+  level, so for both the SM port's PortXmitPkts (PortCountersExtended, read with
+  perfquery from ibsim's PMA right after the SM exits) counts the MADs that left
+  the SM's port (SMPs to the SM's own CA never leave it);
+- the engine actually used (OpenSM: the word before "tables configured");
+- route quality read back from the fabric: the LIDs from ``ibnetdiscover``, every
+  switch's LFT from ``ibroute -n <switch lid>``, then ``sm.verify.shift_quality``
+  (routes per directed inter-switch link over shift permutations of the hosts: max,
+  mean of each shift's max, mean; every shift on small trees, a random sample of
+  ``--max-shifts`` on big ones, count printed) and ``sm.verify.verify_routes``
+  (unreachable (end port, LID) pairs).
+
+The machine is shared and ibsim is one single-threaded process answering every MAD:
+timings are noisy and measure the SM plus ibsim, not the SM alone.
+
+    .venv/bin/python bench/vs_opensm.py --quick
+    .venv/bin/python bench/vs_opensm.py --sizes 3:24 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from fabric.formats.netfile import parse_net, write_net  # noqa: E402
+from fabric.generate import degrade, fattree  # noqa: E402
+from fabric.ibsim import IbsimProcess, ibsim_size_args, missing_ibsim_tools  # noqa: E402
+from fabric.model import Fabric, Speed  # noqa: E402
+from sm.lidmap import LidMap  # noqa: E402
+from sm.routing.base import NO_ROUTE  # noqa: E402
+from sm.verify import shift_quality, verify_routes  # noqa: E402
+
+# ibsim 0.10 knows link rates up to QDR in net-file comments.
+SIM_SPEED = Speed.QDR
+DEFAULT_LINEAR_CAP = 30720
+QUICK = ("2:36", "3:12")
+ALL = ("2:36", "3:12", "3:24", "3:36")
+SMS = ("ibfm", "osm-ftree", "osm-minhop")
+
+
+@dataclass
+class Result:
+    fabric: str
+    sm: str
+    ok: bool = False
+    engine: str = "?"
+    wall_s: float = 0.0
+    sweep_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    smps: int | None = None
+    """What the SM says it sent (ibfm only)."""
+    port_xmit_pkts: int | None = None
+    """SM port PortXmitPkts from ibsim's PMA."""
+    shifts: int = 0
+    total_shifts: int = 0
+    max_load: int | None = None
+    mean_max_load: float | None = None
+    mean_load: float | None = None
+    unreachable: int | None = None
+    """(end port, LID) pairs over every end port and LID, switches included."""
+    host_pairs_unrouted: int | None = None
+    """Host -> host pairs of the evaluated shifts whose route breaks."""
+    pairs: int | None = None
+    readback_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+# -- fabrics ---------------------------------------------------------------------------------------------
+
+
+def build(spec: str, degraded: bool) -> tuple[str, Fabric, list[int]]:
+    """``"3:24"`` -> (label, fabric, top-level switch GUIDs)."""
+    levels, k = (int(x) for x in spec.split(":"))
+    f = fattree(levels, k, speed=SIM_SPEED)
+    top = "spine-" if levels == 2 else "core-"
+    roots = [int(f.node_guid[i]) for i, n in enumerate(f.names) if n.startswith(top)]
+    label = f"{levels}L k={k}"
+    if degraded:
+        f = degrade(f, fraction=0.02, seed=0)
+        label += " -2%"
+    return label, f, roots
+
+
+def sim_args(f: Fabric) -> list[str]:
+    n_ports = int((f.nports.astype(np.int64) + 1).sum())
+    args = ibsim_size_args(f.n_nodes, int(f.switches.size), n_ports)
+    lids = int(f.switches.size + f.port_exists[f.cas].sum())
+    if lids + 64 > DEFAULT_LINEAR_CAP:
+        args += ["-L", str(-(-(lids + 64) // 64) * 64)]
+    return args
+
+
+# -- running things ---------------------------------------------------------------------------------------
+
+
+def run(argv: Sequence[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def port_xmit_pkts(env: dict[str, str], cwd: Path) -> int | None:
+    """PortXmitPkts (PortCountersExtended) of the local port: perfquery's own MAD does not leave it."""
+    cp = run(["perfquery", "-x"], env, cwd, 60)
+    m = re.search(r"^PortXmitPkts:\.+(\d+)$", cp.stdout, re.M)
+    return int(m.group(1)) if m else None
+
+
+_LOG_TS = re.compile(r"^\w{3} +\d+ (\d\d):(\d\d):(\d\d) (\d{6}) ")
+
+
+def _log_time(line: str) -> float | None:
+    m = _LOG_TS.match(line)
+    if not m:
+        return None
+    h, mi, s, us = (int(x) for x in m.groups())
+    return h * 3600 + mi * 60 + s + us / 1e6
+
+
+def opensm_log_phases(log: str, res: Result) -> None:
+    """Engine, phases and errors from an OpenSM log at its default level."""
+    marks: dict[str, float] = {}
+    for line in log.splitlines():
+        t = _log_time(line)
+        if t is None:
+            continue
+        marks.setdefault("start", t)
+        if "Entering DISCOVERING state" in line:
+            marks.setdefault("discovering", t)
+        elif "Entering MASTER state" in line:
+            marks.setdefault("master", t)
+        elif (m := re.search(r"osm_ucast_mgr_process: (\S+) tables configured on all switches", line)) and (
+            "routed" not in marks
+        ):
+            marks["routed"] = t
+            res.engine = m.group(1)
+        elif "SUBNET UP" in line:
+            marks.setdefault("up", t)
+        elif " ERR " in line and len(res.notes) < 3:
+            res.notes.append(line.split("-> ", 1)[-1].strip()[:160])
+    order = [("init", "start", "discovering"), ("discover", "discovering", "master"), ("route", "master", "routed"),
+             ("program", "routed", "up")]  # fmt: skip
+    for name, a, b in order:
+        if a in marks and b in marks:
+            res.phases[name] = round(marks[b] - marks[a], 3)
+    if "discovering" in marks and "up" in marks:
+        res.sweep_s = round(marks["up"] - marks["discovering"], 3)
+    res.ok = "up" in marks
+
+
+def run_sm(sm: str, sim: IbsimProcess, work: Path, host: str, roots_file: Path, timeout: float) -> Result:
+    res = Result("", sm)
+    env = sim.env(sim_host=host)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    t0 = time.perf_counter()
+    if sm == "ibfm":
+        cp = run([sys.executable, "-m", "ibfm.cli", "sm", "--transport", "umad", "--json",
+                  "--guid2lid", str(work / "guid2lid")], env, work, timeout)  # fmt: skip
+        res.wall_s = time.perf_counter() - t0
+        try:
+            s = json.loads(cp.stdout)
+        except json.JSONDecodeError:
+            res.notes.append(f"ibfm exit {cp.returncode}: {cp.stderr.strip()[-300:]}")
+            return res
+        res.ok = bool(s["subnet_up"])
+        res.engine = s["engine"]
+        res.phases = {k: round(v, 3) for k, v in s["phases_s"].items()}
+        res.sweep_s = round(sum(s["phases_s"].values()), 3)
+        res.smps = s["smps"]
+        res.notes += [f"refused by {r['engine']}: {r['reason'][:100]}" for r in s["refused"]]
+        res.notes += s["program"]["failures"][:3] + s["discovery_errors"][:3] + s["verify"]["failures"][:3]
+        if not res.ok:
+            res.notes.append(f"verify: {s['verify']['unreachable']} unreachable, credit loops {len(s['credit_loops'])}")
+        return res
+    cache = work / "osm-cache"
+    cache.mkdir(exist_ok=True)
+    log = work / "opensm.log"
+    args = ["opensm", "--once", "-e", "-f", str(log), "--dump_files_dir", str(work)]
+    if sm.startswith("osm-ftree"):
+        args += ["-R", "ftree"]
+    if sm == "osm-ftree+roots":
+        args += ["-a", str(roots_file)]
+    cp = run(args, dict(env, OSM_CACHE_DIR=str(cache)), work, timeout)
+    res.wall_s = time.perf_counter() - t0
+    if cp.returncode != 0:
+        res.notes.append(f"opensm exit {cp.returncode}")
+    opensm_log_phases(log.read_text(errors="replace") if log.exists() else "", res)
+    return res
+
+
+# -- reading the routes back --------------------------------------------------------------------------------
+
+_ROW = re.compile(r"^0x([0-9a-f]{4}) (\d{3})", re.M)
+
+
+def _node_of(f: Fabric, port_guid: int) -> int:
+    return f.by_port_guid(port_guid)[0]
+
+
+def _dr_paths(f: Fabric, src: int) -> dict[int, str]:
+    """Directed-route path (ibdiags ``0,p1,p2,...``) from CA ``src`` to every switch, breadth first."""
+    paths: dict[int, list[int]] = {}
+    up = f.up_mask()
+    frontier = []
+    for p in np.flatnonzero(up[src]).tolist()[:1]:
+        nxt = int(f.peer_node[src, p])
+        paths[nxt] = [0, p]
+        frontier.append(nxt)
+    while frontier:
+        new = []
+        for n in frontier:
+            for p in np.flatnonzero(up[n]).tolist():
+                m = int(f.peer_node[n, p])
+                if f.is_switch(m) and m not in paths:
+                    paths[m] = [*paths[n], p]
+                    new.append(m)
+        frontier = new
+    return {n: ",".join(map(str, p)) for n, p in paths.items()}
+
+
+def read_back(
+    sim: IbsimProcess, work: Path, host: str, host_guid: int, workers: int, max_shifts: int, res: Result
+) -> None:
+    """LIDs from ibnetdiscover, LFTs from ibroute, then shift quality and unreachable pairs."""
+    t0 = time.perf_counter()
+    env = sim.env(sim_host=host)
+    cp = run(["ibnetdiscover"], env, work, 1800)
+    if cp.returncode != 0:
+        res.notes.append(f"ibnetdiscover exit {cp.returncode}: {cp.stderr.strip()[-200:]}")
+        return
+    f = parse_net(cp.stdout, "ibnetdiscover")
+    base = np.zeros(f.port_exists.shape, np.uint16)
+    ep = f.endports()
+    base[ep[:, 0], ep[:, 1]] = f.lid[ep[:, 0], ep[:, 1]]
+    lids = LidMap.from_base(base)
+    sw = f.switches
+    sw_lids = [int(base[n, 0]) for n in sw.tolist()]
+    lft = np.full((sw.size, lids.max_lid + 1), NO_ROUTE, np.uint8)
+
+    dr_paths: dict[int, str] | None = None
+
+    def one(row: int) -> tuple[int, str, str]:
+        nonlocal dr_paths
+        out = run(["ibroute", "-n", str(sw_lids[row])], env, work, 600)
+        if out.returncode == 0:
+            return row, out.stdout, ""
+        # The SM left this switch's LID unrouted from here: read its LFT by directed route instead.
+        if dr_paths is None:
+            dr_paths = _dr_paths(f, _node_of(f, host_guid))
+        dr = run(["ibroute", "-n", "-D", dr_paths[int(sw[row])]], env, work, 600)
+        if dr.returncode == 0:
+            return row, dr.stdout, f"switch LID {sw_lids[row]} ({f.descs[sw[row]]}) unreachable by LID; read by DR"
+        return row, "", f"ibroute {sw_lids[row]} ({f.descs[sw[row]]}): {out.stderr.strip().splitlines()[0][:160]}"
+
+    failed = 0
+    with ThreadPoolExecutor(workers) as pool:
+        for row, text, err in pool.map(one, range(sw.size)):
+            if err and len(res.notes) < 6:
+                res.notes.append(err)
+            if not text:
+                failed += 1
+                continue
+            rows = np.array(_ROW.findall(text), dtype=object)
+            if rows.size:
+                lid = np.array([int(x, 16) for x in rows[:, 0]], np.int64)
+                port = np.array([int(x) for x in rows[:, 1]], np.int64)
+                keep = lid <= lids.max_lid
+                lft[row, lid[keep]] = port[keep]
+    if failed:
+        res.notes.append(f"ibroute failed on {failed} switches")
+    if lids.max_lid % 64 == 0:
+        # ibroute reads blocks up to ALIGN(top, 64)/64 - 1: a top LID opening a new block is never read.
+        res.notes.append(f"top LID {lids.max_lid} opens a new block: ibroute cannot read it, counted unrouted")
+    q = shift_quality(f, lids, lft, max_shifts=max_shifts, seed=1)
+    v = verify_routes(f, lids, lft)
+    res.shifts, res.total_shifts = q.shifts, q.total_shifts
+    res.max_load, res.mean_max_load, res.mean_load = q.max_load, round(q.mean_max_load, 2), round(q.mean_load, 3)
+    res.unreachable, res.pairs = v.unreachable, v.pairs
+    res.host_pairs_unrouted = q.unrouted
+    res.notes += [f"unreachable: {x}" for x in v.failures[:2]]
+    res.readback_s = round(time.perf_counter() - t0, 1)
+
+
+def bench_one(spec: str, degraded: bool, sms: Sequence[str], args: argparse.Namespace, out: list[Result]) -> None:
+    label, fabric, roots = build(spec, degraded)
+    hosts = [fabric.names[i] for i in fabric.cas.tolist()]
+    sm_host, tool_host = hosts[0], hosts[-1]
+    tool_guid = int(fabric.port_guid[fabric.by_name(tool_host), 1])
+    variants = list(sms)
+    if degraded and "osm-ftree" in variants:
+        variants.insert(variants.index("osm-ftree") + 1, "osm-ftree+roots")
+    with tempfile.TemporaryDirectory(prefix="vs_opensm-") as tmp:
+        tdir = Path(tmp)
+        net = tdir / "fabric.net"
+        write_net(fabric, net)
+        roots_file = tdir / "roots.guids"
+        roots_file.write_text("".join(f"0x{g:016x}\n" for g in roots))
+        s = fabric.summary()
+        print(f"\n== {label}: {s['cas']} hosts, {s['switches']} switches, {s['links']} links "
+              f"({s['switch_links']} inter-switch); ibsim {' '.join(sim_args(fabric))}", flush=True)  # fmt: skip
+        for sm in variants:
+            work = tdir / sm
+            work.mkdir()
+            with IbsimProcess(net, extra_args=sim_args(fabric), start_timeout=600) as sim:
+                res = run_sm(sm, sim, work, sm_host, roots_file, args.timeout)
+                res.fabric = label
+                if res.ok or args.readback_always:
+                    # First the SM port's counter (attached at the SM's host), then the read-back
+                    # from another host so that its MADs leave by another port.
+                    res.port_xmit_pkts = port_xmit_pkts(sim.env(sim_host=sm_host), work)
+                    read_back(sim, work, tool_host, tool_guid, args.workers, args.max_shifts, res)
+                out.append(res)
+                print_row(res, flush=True)
+
+
+# -- output ---------------------------------------------------------------------------------------------
+
+HEADER = (
+    f"{'fabric':<12} {'SM':<16} {'engine':<7} {'wall s':>7} {'sweep s':>8} {'SMPs':>8} {'port pkts':>10} "
+    f"{'max':>4} {'mmax':>6} {'mean':>7} {'shifts':>11} {'unreach':>8} {'h-h':>5}  phases / notes"
+)
+
+
+def print_row(r: Result, *, flush: bool = False) -> None:
+    def fmt(v: Any, spec: str) -> str:
+        if v is None:
+            return "-".rjust(int(re.match(r"\d*", spec).group() or 0))
+        return format(v, spec)
+
+    phases = " ".join(f"{k} {v:.2f}" for k, v in r.phases.items())
+    shifts = f"{r.shifts}/{r.total_shifts}" if r.total_shifts else "-"
+    print(
+        f"{r.fabric:<12} {r.sm:<16} {r.engine:<7} {r.wall_s:>7.2f} {fmt(r.sweep_s, '8.2f')} {fmt(r.smps, '8d')} "
+        f"{fmt(r.port_xmit_pkts, '10d')} {fmt(r.max_load, '4d')} {fmt(r.mean_max_load, '6.2f')} "
+        f"{fmt(r.mean_load, '7.3f')} {shifts:>11} {fmt(r.unreachable, '8d')} "
+        f"{fmt(r.host_pairs_unrouted, '5d')}  {phases}"
+        + ("" if r.ok else "  NOT UP")
+        + "".join(f"\n{'':>14}note: {n}" for n in r.notes),
+        flush=flush,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=f"only the small trees ({', '.join(QUICK)})")
+    p.add_argument("--sizes", nargs="+", metavar="L:K", help=f"trees as levels:radix (default {' '.join(ALL)})")
+    p.add_argument("--sms", default=",".join(SMS), help=f"SMs to run (default {','.join(SMS)})")
+    p.add_argument("--no-degraded", action="store_true", help="skip the trees with 2%% of links removed")
+    p.add_argument("--only-degraded", action="store_true")
+    p.add_argument("--max-shifts", type=int, default=512, help="shift permutations sampled beyond this many hosts")
+    p.add_argument("--workers", type=int, default=4, help="ibroute processes in parallel")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one SM run may take")
+    p.add_argument("--readback-always", action="store_true", help="read routes back even when the SM failed")
+    p.add_argument("--json", type=Path, help="write every result as JSON")
+    args = p.parse_args(argv)
+    missing = missing_ibsim_tools("ibnetdiscover", "ibroute", "perfquery", "opensm")
+    if missing:
+        print(f"missing: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    sizes = args.sizes or (QUICK if args.quick else ALL)
+    sms = [s.strip() for s in args.sms.split(",") if s.strip()]
+    bad = [s for s in sms if s not in SMS]
+    if bad:
+        p.error(f"unknown SM {bad[0]!r} (known: {', '.join(SMS)})")
+    print("Timings are noisy: a shared 2-core machine, and ibsim (one single-threaded process) answers every MAD.")
+    print("port pkts: PortXmitPkts of the SM's port (ibsim PMA); SMPs: what ibfm says it sent.")
+    print(HEADER)
+    results: list[Result] = []
+    for spec in sizes:
+        for degraded in (False, True):
+            if (degraded and args.no_degraded) or (not degraded and args.only_degraded):
+                continue
+            bench_one(spec, degraded, sms, args, results)
+    print("\n" + HEADER)
+    for r in results:
+        print_row(r)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
