@@ -46,6 +46,14 @@ from sm.events import EventBus, SweepDone, SweepFailed, _Event
 from sm.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.base import WindowedTransport
 
+XMIT_WAIT_TICK_HZ = 1e8
+"""XmitWait ticks per second of waiting, for predictions and the emulated counters they drive.
+
+PortXmitWait is a 32-bit counter; at one tick per 4-byte word a blocked 4x NDR port would wrap it in
+0.35 s, faster than any counter sweep. At 1e8 ticks/s it takes 43 s, so the perf manager's clear at
+75% keeps up with a 10 s sweep interval.
+"""
+
 log = logging.getLogger("ibfm.service")
 
 STOP_TIMEOUT = 10.0
@@ -284,7 +292,8 @@ class Service:
         from sm.patterns import parse_pattern
 
         def one(spec: str) -> Any:
-            return predict_congestion(snap.fabric, snap.lids, snap.lft, parse_pattern(spec, snap.fabric, snap.lids))
+            pattern = parse_pattern(spec, snap.fabric, snap.lids)
+            return predict_congestion(snap.fabric, snap.lids, snap.lft, pattern, tick_hz=XMIT_WAIT_TICK_HZ)
 
         for spec, use in ((traffic_spec, "traffic"), (metrics_spec, "metrics")):
             if not spec:
