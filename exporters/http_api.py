@@ -73,7 +73,7 @@ from sm.validate import (
     slow_links,
     stuck_ports,
 )
-from sm.verify import ShiftQuality, VerifyReport
+from sm.verify import ShiftQuality, TraceError, VerifyReport, trace_route
 from sm.whatif import RouteQuality, WhatIfError, route_quality, what_if
 
 log = logging.getLogger(__name__)
@@ -364,46 +364,11 @@ class SnapshotView:
         base = self.lids.base
         dlid = int(base[dn, dp])
         slid = int(base[sn, sp])
-        owner = (dn, dp)
-        hops: list[tuple[int, int, int]] = []
         failure: str | None = None
-        lft = self.lft
-        if (sn, sp) == owner:
-            hops.append((sn, 0, 0))
-        else:
-            if self.is_sw[sn]:
-                node, in_port = sn, 0
-            elif not self.up_list[sn][sp]:
-                node, in_port = -1, 0
-                failure = f"source port {f.port_name(sn, sp)} is not up"
-            else:
-                hops.append((sn, 0, sp))
-                node, in_port = self.peer_node[sn][sp], self.peer_port[sn][sp]
-            seen: set[int] = set()
-            while failure is None:
-                if not self.is_sw[node]:
-                    if (node, in_port) == owner:
-                        hops.append((node, in_port, 0))
-                    else:
-                        failure = f"arrived at {f.port_name(node, in_port)}, which does not own LID {dlid}"
-                    break
-                if node in seen:
-                    failure = f"routing loop: back at {self.names[node]}"
-                    break
-                seen.add(node)
-                out = int(lft[self.row_of[node], dlid])
-                hops.append((node, in_port, out))
-                if out == 0:
-                    if owner != (node, 0):
-                        failure = f"{self.names[node]} says port 0 for LID {dlid} but does not own it"
-                    break
-                if out == NO_ROUTE:
-                    failure = f"no route at {self.names[node]} (LFT entry 255 for LID {dlid})"
-                    break
-                if out > self.nports[node] or not self.up_list[node][out]:
-                    failure = f"{f.port_name(node, out)} has no up link"
-                    break
-                node, in_port = self.peer_node[node][out], self.peer_port[node][out]
+        try:
+            hops: list[tuple[int, int, int]] = list(trace_route(f, self.lids, self.lft, sn, sp, dlid))
+        except TraceError as e:  # a broken route: show how far it got and why
+            hops, failure = list(e.hops), str(e)
         out_hops = []
         mtus: list[int] = []
         rates: list[float] = []

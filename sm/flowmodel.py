@@ -54,7 +54,7 @@ from fabric.model import MTU_BYTES, Fabric, NodeType
 from sm.lidmap import LidMap
 from sm.patterns import Pattern, hosts, port_capacity, random_bisection
 from sm.routing.base import Lft
-from sm.verify import Status, _entry_rows, _Tables, _tables, _walk
+from sm.verify import RouteTables, Status, entry_rows, route_tables, walk_routes
 
 if TYPE_CHECKING:
     from fabric.emulator import EmulatedFabric
@@ -190,7 +190,7 @@ def _check_flows(
 
 def _trace(
     fabric: Fabric,
-    t: _Tables,
+    t: RouteTables,
     links: DirectedLinks,
     lft: Lft,
     node: npt.NDArray[np.int64],
@@ -222,8 +222,8 @@ def _trace(
             fresh = first[idx] < 0
             first[idx[fresh]] = li[fresh]
 
-    rows = _entry_rows(fabric, t, node, port)
-    status = _walk(t, lft, rows, lid, on_hop)
+    rows = entry_rows(fabric, t, node, port)
+    status = walk_routes(t, lft, rows, lid, on_hop)
     flow = np.concatenate(flows)
     link = np.concatenate(lks)
     hop = np.concatenate(hops)
@@ -241,7 +241,7 @@ def trace_flows(
     port = np.asarray(pattern.src_port, np.int64)
     lid = np.asarray(pattern.dst_lid, np.int64)
     _check_flows(fabric, lids, node, port, lid)
-    t = _tables(fabric, lids, lft)
+    t = route_tables(fabric, lids, lft)
     return _trace(fabric, t, links if links is not None else directed_links(fabric), lft, node, port, lid)
 
 
@@ -655,7 +655,7 @@ def effective_bisection_bandwidth(
     if seed < 0:
         raise FlowModelError(f"eBB: seed {seed} must be >= 0")
     lk = directed_links(fabric)
-    t = _tables(fabric, lids, lft)
+    t = route_tables(fabric, lids, lft)
     first = random_bisection(fabric, lids, seed)
     per = max(first.n_flows, 1)
     batch = max(1, flows_per_batch // per)

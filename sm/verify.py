@@ -166,7 +166,7 @@ _DEAD = -4
 
 
 @dataclass(frozen=True)
-class _Tables:
+class RouteTables:
     """What the LFT entry ``port`` of switch row ``x`` leads to, for all 256 entry values."""
 
     sw: npt.NDArray[np.intp]
@@ -183,7 +183,7 @@ class _Tables:
     """``[row]``: connected-set label of each switch."""
 
 
-def _tables(fabric: Fabric, lids: LidMap, lft: Lft) -> _Tables:
+def route_tables(fabric: Fabric, lids: LidMap, lft: Lft) -> RouteTables:
     sw = fabric.switches
     n = sw.size
     if lft.shape != (n, lids.max_lid + 1):
@@ -205,11 +205,11 @@ def _tables(fabric: Fabric, lids: LidMap, lft: Lft) -> _Tables:
     own_key = np.where(used, lids.owner_node.astype(np.int64) * 256 + lids.owner_port, -1)
     sl = fabric.switch_links()
     comp = components(n, row_of[sl[:, 0]], row_of[sl[:, 2]]) if n else np.zeros(0, np.int64)
-    return _Tables(sw, row_of, code, ca_key, own_key, sw.astype(np.int64) * 256, comp)
+    return RouteTables(sw, row_of, code, ca_key, own_key, sw.astype(np.int64) * 256, comp)
 
 
 def _classify(
-    t: _Tables, rows: npt.NDArray[np.int64], lid: npt.NDArray[np.int64], port: npt.NDArray[np.uint8]
+    t: RouteTables, rows: npt.NDArray[np.int64], lid: npt.NDArray[np.int64], port: npt.NDArray[np.uint8]
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int8]]:
     """One step: the next row (where the status is PENDING) and the status."""
     code = t.code[rows, port]
@@ -246,7 +246,7 @@ class _Sources:
     """CA ports cabled straight to another CA port: (node, port, peer node, peer port)."""
 
 
-def _sources(fabric: Fabric, lids: LidMap, t: _Tables) -> _Sources:
+def _sources(fabric: Fabric, lids: LidMap, t: RouteTables) -> _Sources:
     ep = np.argwhere(lids.base > 0).astype(np.int64)
     node, port = ep[:, 0], ep[:, 1]
     is_sw = fabric.node_type[node] == NodeType.SWITCH
@@ -277,7 +277,7 @@ def _sources(fabric: Fabric, lids: LidMap, t: _Tables) -> _Sources:
     )
 
 
-def _lid_comp(fabric: Fabric, lids: LidMap, t: _Tables) -> npt.NDArray[np.int64]:
+def _lid_comp(fabric: Fabric, lids: LidMap, t: RouteTables) -> npt.NDArray[np.int64]:
     """Connected-set label of each LID's end port; -1 (unused, or hangs on no switch)."""
     on = lids.owner_node.astype(np.int64)
     op = lids.owner_port.astype(np.int64)
@@ -291,7 +291,7 @@ def _lid_comp(fabric: Fabric, lids: LidMap, t: _Tables) -> npt.NDArray[np.int64]
 
 
 def _resolve_block(
-    t: _Tables, lft: Lft, lid0: int, lid1: int
+    t: RouteTables, lft: Lft, lid0: int, lid1: int
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.int64]]:
     """Status, hops and breaking row of every (row, LID) cell for LIDs ``lid0 .. lid1 - 1``."""
     n, b = t.sw.size, lid1 - lid0
@@ -318,7 +318,7 @@ def _resolve_block(
     return status.reshape(n, b), hops.reshape(n, b), at.reshape(n, b)
 
 
-def _loop_path(fabric: Fabric, t: _Tables, lft: Lft, row: int, lid: int) -> tuple[int, str]:
+def _loop_path(fabric: Fabric, t: RouteTables, lft: Lft, row: int, lid: int) -> tuple[int, str]:
     """Row on the loop reached from ``row`` towards ``lid``, and the loop as switch names."""
     seen: dict[int, int] = {}
     path: list[int] = []
@@ -333,7 +333,7 @@ def _loop_path(fabric: Fabric, t: _Tables, lft: Lft, row: int, lid: int) -> tupl
 
 def verify_routes(fabric: Fabric, lids: LidMap, lft: Lft, *, max_failures: int = MAX_FAILURES) -> VerifyReport:
     """Check every (source end port, destination LID) pair; see the module docstring."""
-    t = _tables(fabric, lids, lft)
+    t = route_tables(fabric, lids, lft)
     src = _sources(fabric, lids, t)
     used = lids.owner_node >= 0
     n_lids = int(used.sum())
@@ -405,7 +405,7 @@ def verify_routes(fabric: Fabric, lids: LidMap, lft: Lft, *, max_failures: int =
 def _failure(
     fabric: Fabric,
     lids: LidMap,
-    t: _Tables,
+    t: RouteTables,
     lft: Lft,
     src: _Sources,
     status: npt.NDArray[np.int8],
@@ -491,8 +491,8 @@ def trace_route(fabric: Fabric, lids: LidMap, lft: Lft, src_node: int, src_port:
 HopCallback = Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8]], None]
 
 
-def _walk(
-    t: _Tables, lft: Lft, rows: npt.NDArray[np.int64], lid: npt.NDArray[np.int64], on_hop: HopCallback
+def walk_routes(
+    t: RouteTables, lft: Lft, rows: npt.NDArray[np.int64], lid: npt.NDArray[np.int64], on_hop: HopCallback
 ) -> npt.NDArray[np.int8]:
     """Follow routes from switch rows; ``on_hop(pair indices, rows, ports)`` for every link left on.
 
@@ -519,8 +519,8 @@ def _walk(
     return final
 
 
-def _entry_rows(
-    fabric: Fabric, t: _Tables, node: npt.NDArray[np.int64], port: npt.NDArray[np.int64]
+def entry_rows(
+    fabric: Fabric, t: RouteTables, node: npt.NDArray[np.int64], port: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
     """Row each source end port's packets start from; -1 if it hangs on no switch."""
     is_sw = fabric.node_type[node] == NodeType.SWITCH
@@ -538,7 +538,7 @@ def link_loads(fabric: Fabric, lids: LidMap, lft: Lft, pairs: npt.ArrayLike) -> 
     counts the links it crossed before the break; one caught in a loop is
     given up after ``n_switches + 1`` hops.
     """
-    t = _tables(fabric, lids, lft)
+    t = route_tables(fabric, lids, lft)
     pr = np.asarray(pairs, np.int64).reshape(-1, 3)
     node, port, lid = pr[:, 0], pr[:, 1], pr[:, 2]
     if pr.size and (node.min() < 0 or node.max() >= fabric.n_nodes):
@@ -558,7 +558,7 @@ def link_loads(fabric: Fabric, lids: LidMap, lft: Lft, pairs: npt.ArrayLike) -> 
     def on_hop(_idx: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], ports: npt.NDArray[np.uint8]) -> None:
         acc[:] += np.bincount(rows * 256 + ports, minlength=acc.size)
 
-    _walk(t, lft, _entry_rows(fabric, t, node, port), lid, on_hop)
+    walk_routes(t, lft, entry_rows(fabric, t, node, port), lid, on_hop)
     per_sw = acc.reshape(-1, 256)[:, : fabric.max_port + 1]
     loads[t.sw] += per_sw
     return loads
@@ -601,7 +601,7 @@ def shift_quality(
     pairs_per_batch: int = 1 << 20,
 ) -> ShiftQuality:
     """Evaluate all shifts ``1 .. N-1``, or ``max_shifts`` of them drawn with ``seed``."""
-    t = _tables(fabric, lids, lft)
+    t = route_tables(fabric, lids, lft)
     ep = np.argwhere(lids.base > 0).astype(np.int64)
     ep = ep[fabric.node_type[ep[:, 0]] == NodeType.CA]
     n_hosts = ep.shape[0]
@@ -611,7 +611,7 @@ def shift_quality(
         rng = np.random.default_rng(seed)
         shifts = np.sort(rng.choice(shifts, size=max_shifts, replace=False))
     dst_lid = lids.base[ep[:, 0], ep[:, 1]].astype(np.int64)
-    entry = _entry_rows(fabric, t, ep[:, 0], ep[:, 1])
+    entry = entry_rows(fabric, t, ep[:, 0], ep[:, 1])
     link_id = np.full((t.sw.size, 256), -1, np.int64)
     is_link = t.code >= 0
     n_links = int(is_link.sum())
@@ -638,7 +638,7 @@ def shift_quality(
             keep = li >= 0
             acc[:] += np.bincount(which[idx[keep]] * n_links + li[keep], minlength=acc.size)
 
-        final = _walk(t, lft, entry[src], dst_lid[dst], on_hop)
+        final = walk_routes(t, lft, entry[src], dst_lid[dst], on_hop)
         unrouted += int((final != Status.DELIVERED).sum())
         if n_links:
             per_shift = acc.reshape(nb, n_links)
