@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -33,19 +30,10 @@ from fabric.model import NO_PEER, SPEED_GBPS, WIDTH_LANES, PortState, Speed
 from sm.manager import FabricManager, SubnetSnapshot
 from sm.perfmgr import PerfManager
 from sm.transport.emulated import EmulatedTransport
+from tests.conftest import free_port, need_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
-
-
-def need_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed (CI is set: it must be)")
-        pytest.skip(f"{name} is not installed")
-    return path
-
 
 # -- the JSON and the queries in it ---------------------------------------------------------------------------
 
@@ -228,11 +216,6 @@ def test_scrape_config_is_valid() -> None:
 
 # -- a real Prometheus ---------------------------------------------------------------------------------------------
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 TRAFFIC = ConstantTraffic(bytes_per_s=2e9, xmit_wait_per_s=5000.0)

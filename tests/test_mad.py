@@ -72,6 +72,7 @@ from fabric.mad import (
     trap_port_pack,
     trap_repress,
 )
+from tests.conftest import need
 
 ALL_LAYOUTS = sorted(
     {id(lay): lay for lay in [*ATTRIBUTES.values(), NOTICE, MAD_HEADER, SMP_DR_HEADER]}.values(),
@@ -628,21 +629,13 @@ UMAD2SIM = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so"
 NETFILE = "/usr/share/doc/ibsim-utils/net-examples/net.2sw2path4hca2port"
 
 
-def _need(what: str, present: bool) -> None:
-    """Skip when a tool is missing, except under CI where that is a failure."""
-    if present:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{what} is missing (CI is set, so this is a failure)")
-    pytest.skip(f"{what} not installed")
-
 
 def _libibmad() -> ctypes.CDLL:
     name = ctypes.util.find_library("ibmad") or "libibmad.so.5"
     try:
         lib = ctypes.CDLL(name)
     except OSError:
-        _need("libibmad", False)
+        need("libibmad", False)
         raise
     lib.mad_field_name.restype = ctypes.c_char_p
     lib.mad_field_name.argtypes = [ctypes.c_int]
@@ -820,10 +813,10 @@ def _parse_smpquery(out: str) -> dict[str, str]:
 @pytest.fixture
 def ibsim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     """A private ibsim on net.2sw2path4hca2port; yields the env for umad2sim clients."""
-    _need("ibsim", shutil.which("ibsim") is not None)
-    _need("smpquery", shutil.which("smpquery") is not None)
-    _need("libumad2sim", Path(UMAD2SIM).exists())
-    _need("ibsim example net file", Path(NETFILE).exists())
+    need("ibsim", shutil.which("ibsim") is not None)
+    need("smpquery", shutil.which("smpquery") is not None)
+    need("libumad2sim", Path(UMAD2SIM).exists())
+    need("ibsim example net file", Path(NETFILE).exists())
     env = {**os.environ, "IBSIM_SOCKNAME": f"ibfm-mad-{uuid.uuid4().hex[:12]}"}
     proc = subprocess.Popen(
         ["ibsim", "-s", NETFILE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

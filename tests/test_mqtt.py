@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,28 +18,16 @@ import pytest
 
 from exporters.mqtt import MqttPublisher, subnet_state
 from sm.events import EVENT_TYPES, EventBus, LinkDown, PortRef, SweepDone, event_adapter
+from tests.conftest import free_port, need_tool, stop_process
 
 pytestmark = pytest.mark.mqtt
 
 
-def need_mosquitto() -> str:
-    path = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto missing under CI (make test installs it)")
-        pytest.skip("mosquitto not installed")
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Broker:
     def __init__(self, tmp: Path) -> None:
-        self.exe = need_mosquitto()
+        self.exe = need_tool("mosquitto", "/usr/sbin/mosquitto")
         self.port = free_port()
         self.conf = tmp / "mosquitto.conf"
         self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
@@ -57,13 +43,8 @@ class Broker:
         raise RuntimeError("mosquitto did not start")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ from fabric.model import Fabric, FabricBuilder, NodeType, PortState
 from sm.manager import FabricManager, SubnetSnapshot
 from sm.perfmgr import KEYS, PerfManager
 from sm.transport.emulated import EmulatedTransport
+from tests.conftest import need_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,14 +121,6 @@ def exported_ports(f: Fabric) -> set[tuple[int, int]]:
     ex[f.node_type == NodeType.SWITCH, 0] = False
     return {(int(a), int(b)) for a, b in zip(*np.nonzero(ex), strict=True)}
 
-
-def need_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed (CI is set: it must be)")
-        pytest.skip(f"{name} is not installed")
-    return path
 
 
 # -- the metric table -----------------------------------------------------------------------------------------
