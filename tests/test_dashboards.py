@@ -30,7 +30,7 @@ from fabric.model import NO_PEER, SPEED_GBPS, WIDTH_LANES, PortState, Speed
 from sm.manager import FabricManager, SubnetSnapshot
 from sm.perfmgr import PerfManager
 from sm.transport.emulated import EmulatedTransport
-from tests.conftest import free_port, need_tool
+from tests.conftest import free_port, need_tool, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
@@ -224,7 +224,7 @@ TRAFFIC = ConstantTraffic(bytes_per_s=2e9, xmit_wait_per_s=5000.0)
 def traffic_prediction(snap: SubnetSnapshot) -> PortPrediction:
     """What a fluid model predicts for constant traffic: every live port sends TRAFFIC's rate.
 
-    A stand-in for the congestion model (not written yet): exact for this load.
+    The fluid model's answer for this load, computed directly: exact for constant traffic.
     """
     f = snap.fabric
     lanes = np.zeros(256)
@@ -360,12 +360,7 @@ class Prometheus:
         raise AssertionError(f"prometheus not ready after {timeout} s: {self.logfile.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        stop_process(self.proc, grace=5)
         self.log.close()
 
 
