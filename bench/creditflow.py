@@ -19,16 +19,14 @@ max-min variant), and of the 11,664 hosts (ftree and minhop).
 from __future__ import annotations
 
 import argparse
-import gc
 import resource
 import sys
 import time
-import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import measure
 
 from fabric.generate import fattree
 from fabric.model import Fabric
@@ -36,22 +34,6 @@ from sm.flowmodel import effective_bisection_bandwidth, predict_congestion
 from sm.lidmap import LidMap, sequential_lids
 from sm.patterns import parse_pattern
 from sm.routing.base import Lft, make_engine
-
-
-def measure(fn: Callable[[], Any]) -> tuple[Any, float, int]:
-    """(result, seconds of a plain run, tracemalloc peak bytes of a second run)."""
-    gc.collect()
-    t0 = time.perf_counter()
-    result = fn()
-    dt = time.perf_counter() - t0
-    gc.collect()
-    tracemalloc.start()
-    try:
-        fn()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return result, dt, peak
 
 
 def routed(f: Fabric, engine: str) -> tuple[LidMap, Lft, float]:

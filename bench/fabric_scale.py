@@ -23,14 +23,15 @@ import os
 import sys
 import tempfile
 import time
-import tracemalloc
-from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _common import measure
+
+from fabric.emulator import EmulatedFabric
+from fabric.formats.netfile import read_net, write_net
 from fabric.generate import fattree
 from fabric.model import Fabric
 
@@ -39,59 +40,10 @@ GOAL_BYTES = 2 << 30
 GOAL_SMP_RATE = 50_000
 
 
-def _optional(module: str, name: str) -> Any | None:
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
-def measure(fn: Callable[[], Any], *, memory: bool = True) -> tuple[Any, float, int | None]:
-    """(result, seconds of a plain run, tracemalloc peak bytes of a second run or None)."""
-    gc.collect()
-    t0 = time.perf_counter()
-    result = fn()
-    dt = time.perf_counter() - t0
-    peak = None
-    if memory:
-        gc.collect()
-        tracemalloc.start()
-        try:
-            again = fn()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        del again
-    return result, dt, peak
-
-
-def dr_paths(fabric: Fabric, source: int) -> dict[int, tuple[int, ...]]:
-    """Directed-route path (egress port per hop, the source's own port first) to every node."""
-    la = fabric.link_array()
-    adj: list[list[tuple[int, int]]] = [[] for _ in range(fabric.n_nodes)]
-    for a, pa, b, pb in la.tolist():
-        adj[a].append((pa, b))
-        adj[b].append((pb, a))
-    paths: dict[int, tuple[int, ...]] = {source: ()}
-    todo = deque([source])
-    while todo:
-        n = todo.popleft()
-        if len(paths[n]) >= 63:
-            continue
-        if n != source and not fabric.is_switch(n):
-            continue  # a CA does not forward directed-route SMPs
-        for port, m in adj[n]:
-            if m not in paths:
-                paths[m] = (*paths[n], port)
-                todo.append(m)
-    return paths
-
-
 def smp_rate(emu: Any, fabric: Fabric, n_smps: int) -> tuple[float, int]:
     """(SMPs answered per second, how many answered) by ``emu.process``, from the emulator's SM port."""
     mad = importlib.import_module("fabric.mad")
-    source = int(emu.sm_node)
-    paths = dr_paths(fabric, source)
+    paths = {n: p for n, p in enumerate(emu.dr_paths()) if p is not None}
     targets = sorted(paths)
     requests = []
     for i in range(n_smps):
@@ -132,32 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     s = fabric.summary()
     rows.append(("generate", dt, peak, f"{s['switches']} switches, {s['cas']} CAs, {s['ports']} ports"))
 
-    write_net = _optional("fabric.formats.netfile", "write_net")
-    read_net = _optional("fabric.formats.netfile", "read_net")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"fattree-{args.levels}-{args.radix}.net")
-        if write_net is None:
-            rows.append(("write net file", None, None, "fabric.formats.netfile missing"))
-        else:
-            _, dt, peak = measure(lambda: write_net(fabric, path), memory=mem)
-            rows.append(("write net file", dt, peak, f"{os.path.getsize(path) / 2**20:.1f} MiB"))
-        if read_net is None or write_net is None:
-            rows.append(("parse net file", None, None, "fabric.formats.netfile missing"))
-        else:
-            parsed, dt, peak = measure(lambda: read_net(path), memory=mem)
-            same = parsed.summary() == s
-            rows.append(("parse net file", dt, peak, "round trip " + ("ok" if same else "DIFFERS")))
+        _, dt, peak = measure(lambda: write_net(fabric, path), memory=mem)
+        rows.append(("write net file", dt, peak, f"{os.path.getsize(path) / 2**20:.1f} MiB"))
+        parsed, dt, peak = measure(lambda: read_net(path), memory=mem)
+        same = parsed.summary() == s
+        rows.append(("parse net file", dt, peak, "round trip " + ("ok" if same else "DIFFERS")))
 
-    emulated = _optional("fabric.emulator", "EmulatedFabric")
     emu = None
-    if emulated is None:
-        rows.append(("load emulator", None, None, "fabric.emulator missing"))
-    else:
-        try:
-            emu, dt, peak = measure(lambda: emulated(fabric), memory=mem)
-            rows.append(("load emulator", dt, peak, ""))
-        except Exception as e:  # a broken step still lets the table print
-            rows.append(("load emulator", None, None, f"failed: {type(e).__name__}: {e}"))
+    try:
+        emu, dt, peak = measure(lambda: EmulatedFabric(fabric), memory=mem)
+        rows.append(("load emulator", dt, peak, ""))
+    except Exception as e:  # a broken step still lets the table print
+        rows.append(("load emulator", None, None, f"failed: {type(e).__name__}: {e}"))
 
     rate = None
     if emu is not None:

@@ -29,17 +29,14 @@ Then the 3-level k=48 fat-tree (27,648 hosts) with ftree alone: route time.
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.util
 import resource
 import sys
 import time
-import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import measure
 
 from fabric.generate import degrade, fattree
 from fabric.model import Fabric
@@ -51,31 +48,9 @@ from sm.verify import shift_quality, verify_routes
 MAX_LOOPS = 100
 
 
-def measure(fn: Callable[[], Any], memory: bool) -> tuple[Any, float, int | None]:
-    """(result, seconds of a plain run, tracemalloc peak bytes of a second run)."""
-    gc.collect()
-    t0 = time.perf_counter()
-    result = fn()
-    dt = time.perf_counter() - t0
-    peak = None
-    if memory:
-        gc.collect()
-        tracemalloc.start()
-        try:
-            fn()
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-    return result, dt, peak
-
-
 def chain_from(engine: str) -> list[str]:
     names = engine_names()
     return names[names.index(engine) :]
-
-
-def available(engine: str) -> bool:
-    return importlib.util.find_spec(f"sm.routing.{engine}") is not None
 
 
 HEADER = (
@@ -90,9 +65,6 @@ def loops_text(n: int) -> str:
 
 
 def bench_one(label: str, f: Fabric, lids: LidMap, engine: str, max_shifts: int | None) -> None:
-    if not available(engine):
-        print(f"{label:<20} {engine:<7} not available (sm/routing/{engine}.py missing)", flush=True)
-        return
     chain = chain_from(engine)
     try:
         res, dt, peak = measure(lambda: route(f, lids, chain), memory=True)
@@ -157,14 +129,11 @@ def main() -> None:
     f = fattree(levels, k)
     lids = sequential_lids(f)
     print()
-    if not available("ftree"):
-        print(f"{levels}-level k={k}: ftree not available")
-    else:
-        _res, dt, peak = measure(lambda: route(f, lids, ["ftree"]), memory=True)
-        print(
-            f"{levels}-level k={k} fat-tree ({f.cas.size} hosts, {f.switches.size} switches, "
-            f"{lids.max_lid} LIDs): ftree routes in {dt:.2f} s, tracemalloc peak {(peak or 0) / 2**20:.0f} MB"
-        )
+    _res, dt, peak = measure(lambda: route(f, lids, ["ftree"]), memory=True)
+    print(
+        f"{levels}-level k={k} fat-tree ({f.cas.size} hosts, {f.switches.size} switches, "
+        f"{lids.max_lid} LIDs): ftree routes in {dt:.2f} s, tracemalloc peak {(peak or 0) / 2**20:.0f} MB"
+    )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"process maxrss {rss:.0f} MB")
 

@@ -87,6 +87,7 @@ from fabric.model import (
     speed_supported_portinfo,
     speeds_up_to,
 )
+from fabric.model import dr_paths as model_dr_paths
 
 LFT_CAP = 0xC000
 """Default SwitchInfo.LinearFDBCap: the whole unicast LID space (49,152 entries)."""
@@ -1395,31 +1396,9 @@ class EmulatedFabric:
         return path
 
     def dr_paths(self) -> list[tuple[int, ...] | None]:
-        """Shortest directed routes from the SM to every node (None: unreachable), by one BFS."""
-        start = self.sm_node
-        paths: list[tuple[int, ...] | None] = [None] * self._n
-        paths[start] = ()
-        frontier = [start]
-        stride, flags, pn, nports = self._P, self._flags, self._pn, self._nports
-        while frontier:
-            nxt: list[int] = []
-            for a in frontier:
-                if a == start and not self._is_sw[a]:
-                    ports: range | tuple[int] = (self.sm_port,)
-                elif self._is_sw[a]:
-                    ports = range(1, nports[a] + 1)
-                else:
-                    continue  # a CA does not forward
-                here = paths[a]
-                assert here is not None
-                for p in ports:
-                    k = a * stride + p
-                    b = pn[k]
-                    if flags[k] & _F_LINK and paths[b] is None:
-                        paths[b] = (*here, p)
-                        nxt.append(b)
-            frontier = nxt
-        return paths
+        """Shortest directed routes from the SM to every node (None: unreachable), over live links."""
+        live = np.frombuffer(bytes(self._flags), np.uint8).reshape(self._n, self._P) & _F_LINK
+        return model_dr_paths(self.fabric, self.sm_node, self.sm_port, up=live.astype(np.bool_))
 
 
 def _pack_rows(layout: Layout, values: dict[str, npt.ArrayLike], count: int) -> npt.NDArray[np.uint8]:

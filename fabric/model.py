@@ -664,6 +664,47 @@ class Fabric:
         }
 
 
+def dr_paths(
+    fabric: Fabric,
+    root: int,
+    root_port: int,
+    *,
+    up: npt.NDArray[np.bool_] | None = None,
+    max_hops: int = 63,
+) -> list[tuple[int, ...] | None]:
+    """Shortest directed-route path from ``root`` to every node over up links (None: unreachable).
+
+    A path is the egress ports from ``root`` on; a CA root leaves by ``root_port`` and no other CA
+    forwards. ``up`` overrides ``fabric.up_mask()`` (the emulator passes its physical truth);
+    ``max_hops`` is the DR limit of 63 hops.
+    """
+    up = fabric.up_mask() if up is None else up
+    is_sw = fabric.node_type == NodeType.SWITCH
+    paths: list[tuple[int, ...] | None] = [None] * fabric.n_nodes
+    paths[root] = ()
+    frontier = [root]
+    for _ in range(max_hops):
+        nxt: list[int] = []
+        for n in frontier:
+            if is_sw[n]:
+                ports = np.flatnonzero(up[n]).tolist()
+            elif n == root and up[n, root_port]:
+                ports = [root_port]
+            else:
+                continue  # a CA does not forward
+            base = paths[n]
+            assert base is not None
+            for p in ports:
+                m = int(fabric.peer_node[n, p])
+                if m >= 0 and paths[m] is None:
+                    paths[m] = (*base, p)
+                    nxt.append(m)
+        if not nxt:
+            break
+        frontier = nxt
+    return paths
+
+
 def _best_width(mask: int) -> int:
     """Widest width in a Width mask, as an active-width code; 0 if none."""
     for code in (8, 4, 2, 16, 1):  # 12x, 8x, 4x, 2x, 1x

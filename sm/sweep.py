@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr
-from fabric.model import Fabric, NodeType, PhysState, PortState
+from fabric.model import Fabric, NodeType, PhysState, PortState, dr_paths
 from sm.discover import Discovery, Path, apply_port_info, nodeinfo_problem
 from sm.smp import SmpRequest, smp_batch
 from sm.transport.base import WindowedTransport
@@ -55,32 +55,6 @@ class LightSweep:
     @property
     def needs_full_discovery(self) -> bool:
         return bool(self.unreachable or self.new_nodes)
-
-
-def shortest_paths(fabric: Fabric, root: int, root_port: int) -> list[Path | None]:
-    """DR path to every node over up links, breadth first from the SM's node (None if cut off)."""
-    paths: list[Path | None] = [None] * fabric.n_nodes
-    paths[root] = ()
-    up = fabric.up_mask()
-    frontier = [root]
-    while frontier:
-        nxt = []
-        for n in frontier:
-            base = paths[n]
-            assert base is not None
-            if fabric.node_type[n] == NodeType.SWITCH:
-                ports = np.flatnonzero(up[n]).tolist()
-            elif n == root and up[n, root_port]:
-                ports = [root_port]
-            else:
-                continue
-            for p in ports:
-                m = int(fabric.peer_node[n, p])
-                if paths[m] is None:
-                    paths[m] = (*base, p)
-                    nxt.append(m)
-        frontier = nxt
-    return paths
 
 
 async def light_sweep(
@@ -117,7 +91,7 @@ async def light_sweep(
         for n, p in downs:
             if g.peer_node[n, p] >= 0:
                 g.disconnect(n, p)
-        paths = shortest_paths(g, d.sm_node, d.sm_port)
+        paths = dr_paths(g, d.sm_node, d.sm_port)
 
     # Nearest issuers first: a far issuer's DR path may cross the link its near neighbour reports down.
     hinted = [n for n in hint if f.node_type[n] == NodeType.SWITCH]
@@ -262,7 +236,7 @@ def apply_changes(
             port_info[(m, q)] = far
             apply_port_info(f, m, q, far)
     hold_down(f, held)
-    paths = shortest_paths(f, d.sm_node, d.sm_port)
+    paths = dr_paths(f, d.sm_node, d.sm_port)
     if any(p is None for i, p in enumerate(paths) if f.node_type[i] == NodeType.SWITCH):
         return None  # a switch is cut off: let a full discovery decide what is left
     new_paths: list[Path] = [p if p is not None else d.paths[i] for i, p in enumerate(paths)]
