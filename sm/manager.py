@@ -49,7 +49,7 @@ from sm.lidmap import LidMap
 from sm.lids import LidManager
 from sm.links import LinkPlan, apply_link_plan, plan_links
 from sm.program import HeldLfts, ProgramReport, program_fabric
-from sm.routing.base import Lft, RoutingOptions, route
+from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, route
 from sm.sweep import FlapDamper, LightSweep, apply_changes, hold_down, light_sweep
 from sm.transport.base import WindowedTransport
 from sm.verify import VerifyReport, verify_routes
@@ -71,7 +71,7 @@ class SweepError(IbfmError):
 
 @dataclass(frozen=True)
 class SmConfig:
-    engines: tuple[str, ...] = ("ftree", "updn", "minhop")
+    engines: tuple[str, ...] = DEFAULT_CHAIN
     lmc: int = 0
     guid2lid: Path | None = None
     max_mtu: int = 5

@@ -8,50 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from typing import Any
 
 from fabric.errors import IbfmError
 from fabric.model import Fabric
+from ibfm.commands._args import DEFAULT_CHAIN, engine_chain, int_at_least, number_in
 from sm.lidmap import LidMap
-from sm.routing.base import Lft, RoutingError, parse_chain
-
-
-def _chain(text: str) -> tuple[str, ...]:
-    try:
-        return tuple(parse_chain(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return v
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return v
-
-
-def _tick(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return v
+from sm.routing.base import Lft, RoutingError
 
 
 def register(sub: Any) -> None:
@@ -62,18 +27,19 @@ def register(sub: Any) -> None:
         help="model a traffic pattern on a routed topology: flow rates, hottest links, predicted XmitWait",
     )
     p.add_argument("--topology", required=True, metavar="FILE", help="net file (ibsim/ibnetdiscover)")
-    p.add_argument(
-        "--engine", type=_chain, default=("ftree", "updn", "minhop"), help="routing engines in order (a chain)"
-    )
+    p.add_argument("--engine", type=engine_chain, default=DEFAULT_CHAIN, help="routing engines in order (a chain)")
     p.add_argument(
         "--pattern",
         required=True,
         metavar="P",
         help=f"traffic pattern: {', '.join(PATTERN_SPECS)}; append @F to offer F x link rate instead of greedy",
     )
-    p.add_argument("--top", type=_positive, default=10, metavar="N", help="hottest links to list (default 10)")
+    p.add_argument("--top", type=int_at_least(1), default=10, metavar="N", help="hottest links to list (default 10)")
     p.add_argument(
-        "--tick-hz", type=_tick, metavar="HZ", help="XmitWait ticks per second of waiting (default: 1 per word time)"
+        "--tick-hz",
+        type=number_in(0, math.inf, lo_open=True),
+        metavar="HZ",
+        help="XmitWait ticks per second of waiting (default: 1 per word time)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_congestion)
@@ -84,12 +50,12 @@ def register(sub: Any) -> None:
     e.add_argument("--topology", required=True, metavar="FILE", help="net file (ibsim/ibnetdiscover)")
     e.add_argument(
         "--engine",
-        type=_chain,
-        default=("ftree", "updn", "minhop"),
+        type=engine_chain,
+        default=DEFAULT_CHAIN,
         help="engines to compare, each routing the fabric on its own (default ftree,updn,minhop)",
     )
-    e.add_argument("--samples", type=_positive, default=100, metavar="N", help="random bisections (default 100)")
-    e.add_argument("--seed", type=_seed, default=0, help="first bisection's seed (default 0)")
+    e.add_argument("--samples", type=int_at_least(1), default=100, metavar="N", help="random bisections (default 100)")
+    e.add_argument("--seed", type=int_at_least(0), default=0, help="first bisection's seed (default 0)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=cmd_ebb)
 
@@ -162,8 +128,7 @@ def _table(title: str, rows: list[Any]) -> str:
         return f"{title}: none (no traffic)"
     w = max(len(f"{h.src} -> {h.dst}") for h in rows)
     out = [
-        f"{title:<{w}}  {'load Gb/s':>10}  {'util':>6}  {'flows':>6}  {'limited':>7}  {'wait':>6}  "
-        f"{'XmitWait/s':>11}"
+        f"{title:<{w}}  {'load Gb/s':>10}  {'util':>6}  {'flows':>6}  {'limited':>7}  {'wait':>6}  {'XmitWait/s':>11}"
     ]
     for h in rows:
         out.append(

@@ -10,18 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from fabric.errors import IbfmError
+from ibfm.commands._args import DEFAULT_CHAIN, engine_chain, number_in
 from sm.dump import format_lfts
 from sm.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.query import describe_route, format_route
-from sm.routing.base import parse_chain
 from sm.transport.base import WindowedTransport
-
-
-def _chain(text: str) -> tuple[str, ...]:
-    try:
-        return tuple(parse_chain(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _lmc(text: str) -> int:
@@ -47,7 +40,7 @@ def add_fabric_args(p: argparse.ArgumentParser, *, umad: bool = True) -> None:
         )
         p.add_argument("--ca", help="umad: CA name (default: first)")
         p.add_argument("--port", type=int, help="umad: CA port number (default: first active)")
-    p.add_argument("--engine", type=_chain, default=("ftree", "updn", "minhop"), help="routing engines in order")
+    p.add_argument("--engine", type=engine_chain, default=DEFAULT_CHAIN, help="routing engines in order")
     p.add_argument("--lmc", type=_lmc, default=0, help="LID mask control, 0..2")
     p.add_argument("--guid2lid", type=Path, metavar="FILE", help="guid2lid file kept across runs")
     p.add_argument("--root-guid", type=_guid, action="append", default=[], help="root switch GUID (repeatable)")
@@ -60,7 +53,11 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="summary as JSON")
     p.add_argument("--daemon", action="store_true", help="keep sweeping until SIGTERM or SIGINT, then exit 0")
     p.add_argument(
-        "--sweep-interval", type=_seconds, default=10.0, metavar="SECONDS", help="--daemon: seconds between sweeps"
+        "--sweep-interval",
+        type=number_in(0, 86400, lo_open=True),
+        default=10.0,
+        metavar="SECONDS",
+        help="--daemon: seconds between sweeps",
     )
     p.set_defaults(func=cmd_sm)
 
@@ -144,14 +141,11 @@ def summary(snap: SubnetSnapshot) -> dict[str, Any]:
 def format_summary(s: dict[str, Any]) -> str:
     n, v, p = s["nodes"], s["verify"], s["program"]
     lines = [
-        f"subnet {'UP' if s['subnet_up'] else 'NOT UP'}: {n['switches']} switches, {n['cas']} CAs, "
-        f"{n['links']} links",
+        f"subnet {'UP' if s['subnet_up'] else 'NOT UP'}: {n['switches']} switches, {n['cas']} CAs, {n['links']} links",
         f"LIDs: {s['lids']['assigned']} assigned (LMC {s['lids']['lmc']}), SM {s['sm']['node']} "
         f"port {s['sm']['port']} LID {s['sm']['lid']}",
-        f"routing: {s['engine']}"
-        + "".join(f" (refused by {r['engine']}: {r['reason']})" for r in s["refused"]),
-        f"verify: {v['pairs']} pairs, {v['unreachable']} unreachable, hops max {v['max_hops']} "
-        f"mean {v['mean_hops']}",
+        f"routing: {s['engine']}" + "".join(f" (refused by {r['engine']}: {r['reason']})" for r in s["refused"]),
+        f"verify: {v['pairs']} pairs, {v['unreachable']} unreachable, hops max {v['max_hops']} mean {v['mean_hops']}",
         f"credit loops: {len(s['credit_loops'])}",
         f"programmed: {p['port_sets']} PortInfo, {p['lft_blocks_sent']} LFT blocks sent "
         f"({p['lft_blocks_unchanged']} unchanged), {p['ports_active']} ports ACTIVE",
@@ -164,16 +158,6 @@ def format_summary(s: dict[str, Any]) -> str:
     lines += [f"unreachable: {e}" for e in v["failures"]]
     lines += [f"credit loop: {e}" for e in s["credit_loops"]]
     return "\n".join(lines)
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < v <= 86400:
-        raise argparse.ArgumentTypeError(f"must be within (0, 86400] seconds: {text!r}")
-    return v
 
 
 async def run_daemon(args: argparse.Namespace) -> int:

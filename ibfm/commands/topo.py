@@ -8,6 +8,7 @@ from typing import Any
 
 from fabric.errors import IbfmError
 from fabric.model import SPEED_BY_NAME, Fabric, Speed
+from ibfm.commands._args import int_at_least, number_in
 
 
 def register(subparsers: Any) -> None:
@@ -18,36 +19,6 @@ def register(subparsers: Any) -> None:
 
 
 # -- gen ---------------------------------------------------------------------------------------------
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return v
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within 0..1: {text!r}")
-    return v
 
 
 def _int_list(sep: str) -> Any:
@@ -74,59 +45,55 @@ def _speed(text: str) -> Speed:
     try:
         return SPEED_BY_NAME[text.upper()]
     except KeyError:
-        raise argparse.ArgumentTypeError(
-            f"unknown speed {text!r} (one of {', '.join(SPEED_BY_NAME)})"
-        ) from None
+        raise argparse.ArgumentTypeError(f"unknown speed {text!r} (one of {', '.join(SPEED_BY_NAME)})") from None
 
 
 def _register_gen(topo_sub: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-o", "--output", required=True, metavar="FILE", help="net file ('-': stdout)")
     common.add_argument("--speed", type=_speed, default=Speed.NDR, help="link speed (default NDR)")
-    common.add_argument("--degrade-links", type=_count, metavar="N", help="remove N inter-switch links")
+    common.add_argument("--degrade-links", type=int_at_least(0), metavar="N", help="remove N inter-switch links")
     common.add_argument(
-        "--degrade-fraction", type=_fraction, metavar="F", help="remove this fraction of inter-switch links"
+        "--degrade-fraction", type=number_in(0.0, 1.0), metavar="F", help="remove this fraction of inter-switch links"
     )
     common.add_argument(
-        "--degrade-switches", type=_count, default=0, metavar="M", help="remove M switches that carry no host"
+        "--degrade-switches", type=int_at_least(0), default=0, metavar="M", help="remove M switches that carry no host"
     )
     common.add_argument("--seed", type=int, default=0, help="seed for --degrade-* (default 0)")
-    common.add_argument(
-        "--allow-split", action="store_true", help="let degradation disconnect the switch graph"
-    )
+    common.add_argument("--allow-split", action="store_true", help="let degradation disconnect the switch graph")
 
     gen = topo_sub.add_parser("gen", help="generate a topology, write an ibsim net file")
     kinds = gen.add_subparsers(dest="kind", required=True, metavar="KIND")
 
     p = kinds.add_parser("fattree", parents=[common], help="2- or 3-level fat-tree of K-port switches")
     p.add_argument("--levels", type=int, choices=(2, 3), required=True)
-    p.add_argument("--radix", type=_positive, required=True, metavar="K", help="switch ports (even, 4..64)")
+    p.add_argument("--radix", type=int_at_least(1), required=True, metavar="K", help="switch ports (even, 4..64)")
     p.add_argument("--oversubscribe", type=_ratio, metavar="D:U", help="D hosts, U uplinks per leaf")
     p.set_defaults(func=_run_gen)
 
     p = kinds.add_parser("xgft", parents=[common], help="extended generalized fat-tree XGFT(h; m; w)")
-    p.add_argument("--h", type=_positive, required=True, help="levels of switches")
+    p.add_argument("--h", type=int_at_least(1), required=True, help="levels of switches")
     p.add_argument("--m", type=_int_list(","), required=True, metavar="M1,..", help="children per level")
     p.add_argument("--w", type=_int_list(","), required=True, metavar="W1,..", help="parents per level")
     p.set_defaults(func=_run_gen)
 
     p = kinds.add_parser("torus", parents=[common], help="2-D or 3-D torus with wraparound")
     p.add_argument("--dims", type=_int_list("x"), required=True, metavar="AxB[xC]")
-    p.add_argument("--hosts-per-switch", type=_count, default=1, metavar="H")
-    p.add_argument("--radix", type=_positive, default=16, metavar="K")
+    p.add_argument("--hosts-per-switch", type=int_at_least(0), default=1, metavar="H")
+    p.add_argument("--radix", type=int_at_least(1), default=16, metavar="K")
     p.set_defaults(func=_run_gen)
 
     p = kinds.add_parser("ring", parents=[common], help="ring of switches")
-    p.add_argument("--switches", type=_positive, required=True, metavar="N")
-    p.add_argument("--hosts-per-switch", type=_count, default=1, metavar="H")
-    p.add_argument("--radix", type=_positive, default=8, metavar="K")
+    p.add_argument("--switches", type=int_at_least(1), required=True, metavar="N")
+    p.add_argument("--hosts-per-switch", type=int_at_least(0), default=1, metavar="H")
+    p.add_argument("--radix", type=int_at_least(1), default=8, metavar="K")
     p.set_defaults(func=_run_gen)
 
     p = kinds.add_parser("rail", parents=[common], help="rail-optimised (DGX SuperPOD-like) leaf/spine unit")
-    p.add_argument("--hosts", type=_positive, default=32, metavar="N")
-    p.add_argument("--rails", type=_positive, default=8, metavar="R", help="HCAs per host, one rail each")
-    p.add_argument("--hosts-per-leaf", type=_positive, metavar="H")
-    p.add_argument("--radix", type=_positive, default=64, metavar="K")
+    p.add_argument("--hosts", type=int_at_least(1), default=32, metavar="N")
+    p.add_argument("--rails", type=int_at_least(1), default=8, metavar="R", help="HCAs per host, one rail each")
+    p.add_argument("--hosts-per-leaf", type=int_at_least(1), metavar="H")
+    p.add_argument("--radix", type=int_at_least(1), default=64, metavar="K")
     p.set_defaults(func=_run_gen)
 
 
@@ -178,9 +145,7 @@ def _run_gen(args: argparse.Namespace) -> int:
 
 
 def _register_show(topo_sub: Any) -> None:
-    p = topo_sub.add_parser(
-        "show", help="read a net file or ibnetdiscover output; print counts and the detected shape"
-    )
+    p = topo_sub.add_parser("show", help="read a net file or ibnetdiscover output; print counts and the detected shape")
     p.add_argument("file", metavar="FILE", help="ibsim net file or saved ibnetdiscover output")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_run_show)
@@ -239,9 +204,7 @@ def _run_show(args: argparse.Namespace) -> int:
     if c["routers"]:
         lines.append(f"  routers   {c['routers']}")
     down = f", {c['links_down']} cabled but down" if c["links_down"] else ""
-    lines.append(
-        f"  links     {c['links']} ({c['switch_links']} switch-switch, {c['ca_links']} to CAs{down})"
-    )
+    lines.append(f"  links     {c['links']} ({c['switch_links']} switch-switch, {c['ca_links']} to CAs{down})")
     if c["rates"]:
         lines.append("  rates     " + ", ".join(f"{n} x {r}" for r, n in c["rates"].items()))
     lines.append(f"  ports     {c['ports']}")

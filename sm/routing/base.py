@@ -20,6 +20,9 @@ from fabric.errors import IbfmError
 from fabric.model import Fabric
 from sm.lidmap import LidMap
 
+DEFAULT_CHAIN: tuple[str, ...] = ("ftree", "updn", "minhop")
+"""The engine chain when none is given, like OpenSM's ``-R ftree,updn,minhop``."""
+
 NO_ROUTE = 255
 """LFT entry for a LID with no route."""
 
