@@ -44,7 +44,7 @@ from exporters.prometheus import (
 )
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
-from fabric.model import SPEED_GBPS, WIDTH_LANES, Speed
+from fabric.model import link_bytes_per_s
 from sm.manager import FabricManager, SubnetSnapshot
 from sm.perfmgr import PerfManager
 from sm.transport.emulated import EmulatedTransport
@@ -75,13 +75,7 @@ def _rss_mib() -> float:
 
 def _prediction(snap: SubnetSnapshot, pm: PerfManager) -> PortPrediction:
     f = snap.fabric
-    lanes = np.zeros(256)
-    for code, n in WIDTH_LANES.items():
-        lanes[code] = n
-    lane = np.zeros(256)
-    for s in Speed:
-        lane[int(s)] = SPEED_GBPS[s] * 1e9 / 8
-    rate = lanes[f.width_active] * lane[f.speed_active]
+    rate = link_bytes_per_s(f.width_active, f.speed_active)
     xmit = np.nan_to_num(pm.rates["xmit_data_bytes"])
     util = np.divide(xmit, rate, out=np.zeros_like(rate), where=rate > 0)
     return PortPrediction(f, util, np.nan_to_num(pm.rates["xmit_wait"]))

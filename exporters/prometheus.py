@@ -49,7 +49,7 @@ from prometheus_client.utils import floatToGoString
 from exporters import metrics as M
 from exporters.metrics import MetricDef
 from fabric.errors import IbfmError
-from fabric.model import MTU_BYTES, NO_PEER, SPEED_GBPS, WIDTH_LANES, Fabric, NodeType
+from fabric.model import MTU_BYTES, NO_PEER, Fabric, NodeType, lanes_of, link_bytes_per_s
 from sm.manager import SubnetSnapshot
 
 log = logging.getLogger(__name__)
@@ -269,12 +269,6 @@ class _Rows:
         return sub
 
 
-_LANES = np.zeros(256, np.int64)
-for _code, _lanes in WIDTH_LANES.items():
-    _LANES[_code] = _lanes
-_LANE_BYTES = np.zeros(256, np.float64)
-for _speed, _gbps in SPEED_GBPS.items():
-    _LANE_BYTES[int(_speed)] = _gbps * 1e9 / 8
 _MTU = np.zeros(256, np.int64)
 for _code, _bytes in MTU_BYTES.items():
     _MTU[_code] = _bytes
@@ -724,8 +718,8 @@ def _perf_families(p: _PerfView) -> list[_Family | _Vector]:
 def _port_gauges(topo: _Topology) -> list[_Family | _Vector]:
     f, pn, pp, rows = topo.fabric, topo.pn, topo.pp, topo.ports
     width = f.width_active[pn, pp]
-    lanes = _LANES[width]
-    rate = np.rint(lanes * _LANE_BYTES[f.speed_active[pn, pp]]).astype(np.int64)
+    lanes = lanes_of(width)
+    rate = np.rint(link_bytes_per_s(width, f.speed_active[pn, pp])).astype(np.int64)
     return [
         _Vector(M.PORT_STATE, rows, f.state[pn, pp]),
         _Vector(M.PORT_PHYSICAL_STATE, rows, f.phys_state[pn, pp]),

@@ -188,6 +188,29 @@ def link_gbps(width: int, speed: int) -> float:
     return WIDTH_LANES[width] * SPEED_GBPS[Speed(speed)]
 
 
+_LANES_BY_CODE = np.zeros(256, np.float64)
+for _code, _n in WIDTH_LANES.items():
+    _LANES_BY_CODE[_code] = _n
+_LANE_BYTES_BY_SPEED = np.zeros(256, np.float64)
+for _s, _g in SPEED_GBPS.items():
+    _LANE_BYTES_BY_SPEED[int(_s)] = _g * 1e9 / 8
+
+
+def lanes_of(width: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Lanes for an array of PortInfo width codes (0 for unknown codes)."""
+    return _LANES_BY_CODE[np.asarray(width, np.int64) & 0xFF].astype(np.int64)
+
+
+def link_bytes_per_s(width: npt.ArrayLike, speed: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """Data rate in bytes/s for arrays of PortInfo width codes and Speeds (0 for unknown codes).
+
+    Lanes times the per-lane rate after encoding: 4x NDR = 400 Gb/s = 50e9 B/s.
+    """
+    w = np.asarray(width, np.int64) & 0xFF
+    s = np.asarray(speed, np.int64) & 0xFF
+    return _LANES_BY_CODE[w] * _LANE_BYTES_BY_SPEED[s]
+
+
 WIDTH_NAMES: dict[int, str] = {1: "1x", 2: "4x", 4: "8x", 8: "12x", 16: "2x"}
 WIDTH_BY_NAME: dict[str, int] = {v: k for k, v in WIDTH_NAMES.items()}
 SPEED_BY_NAME: dict[str, Speed] = {s.name: s for s in Speed}

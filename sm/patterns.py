@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.errors import IbfmError
-from fabric.model import SPEED_GBPS, WIDTH_LANES, Fabric, NodeType, Speed
+from fabric.model import Fabric, NodeType, link_bytes_per_s
 from sm.lidmap import LidMap
 
 __all__ = [
@@ -106,19 +106,8 @@ class Pattern:
 
 
 def port_capacity(fabric: Fabric) -> npt.NDArray[np.float64]:
-    """``[node, port]``: data rate of the port's link in bytes/s (0 where it is not up).
-
-    Lanes times the per-lane data rate after encoding (4x NDR = 400 Gb/s = 50e9 B/s).
-    """
-    gbps = np.zeros(16 + 1, np.float64)
-    per_lane = np.zeros(max(Speed) + 1, np.float64)
-    for w, lanes in WIDTH_LANES.items():
-        gbps[w] = lanes
-    for s, g in SPEED_GBPS.items():
-        per_lane[s] = g
-    w = gbps[np.minimum(fabric.width_active, 16)]
-    s = per_lane[np.minimum(fabric.speed_active, max(Speed))]
-    return np.where(fabric.up_mask(), w * s * 1e9 / 8.0, 0.0)
+    """``[node, port]``: data rate of the port's link in bytes/s (0 where it is not up)."""
+    return np.where(fabric.up_mask(), link_bytes_per_s(fabric.width_active, fabric.speed_active), 0.0)
 
 
 def hosts(fabric: Fabric, lids: LidMap) -> npt.NDArray[np.int64]:

@@ -26,7 +26,7 @@ from exporters import metrics as M
 from exporters.prometheus import MetricsInputs, MetricsRenderer, PortPrediction, SweepStats, metrics_handler
 from fabric.emulator import ConstantTraffic, Counter, EmulatedFabric
 from fabric.generate import fattree
-from fabric.model import NO_PEER, SPEED_GBPS, WIDTH_LANES, PortState, Speed
+from fabric.model import NO_PEER, PortState, link_bytes_per_s
 from sm.manager import FabricManager, SubnetSnapshot
 from sm.perfmgr import PerfManager
 from sm.transport.emulated import EmulatedTransport
@@ -227,13 +227,7 @@ def traffic_prediction(snap: SubnetSnapshot) -> PortPrediction:
     The fluid model's answer for this load, computed directly: exact for constant traffic.
     """
     f = snap.fabric
-    lanes = np.zeros(256)
-    for code, n in WIDTH_LANES.items():
-        lanes[code] = n
-    lane = np.zeros(256)
-    for s in Speed:
-        lane[int(s)] = SPEED_GBPS[s] * 1e9 / 8
-    rate = lanes[f.width_active] * lane[f.speed_active]
+    rate = link_bytes_per_s(f.width_active, f.speed_active)
     live = (f.state == PortState.ACTIVE) & (f.peer_node != NO_PEER) & (rate > 0)
     util = np.where(live, TRAFFIC.bytes_per_s / np.where(rate > 0, rate, 1.0), 0.0)
     wait = np.where(live, TRAFFIC.xmit_wait_per_s, 0.0)
