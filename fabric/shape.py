@@ -275,6 +275,8 @@ def _fat_tree(
     design = "inferred"
     # A tree whose leaves match the complete k-ary fat-tree of the same radix is measured
     # against that tree: a lost spine then counts even though every leaf lost one uplink.
+    # A top level less than 3/4 populated is taken for a design (oversubscription, e.g.
+    # 24 hosts and 12 uplinks per leaf), not for failures.
     kary = _kary(levels, int(base["radix"]))
     if kary is not None:
         k_per_level, k_links = kary
@@ -285,6 +287,7 @@ def _fat_tree(
             and all(int(n) <= m for n, m in zip(per_level, k_per_level, strict=True))
             and int(ca_per_switch.max()) <= base["radix"] // 2
             and int(up.max()) <= base["radix"] // 2
+            and 4 * int(per_level[-1]) >= 3 * k_per_level[-1]
         ):
             design = f"{base['radix']}-port fat-tree"
             expected_links = max(expected_links, k_links)

@@ -456,3 +456,10 @@ def test_ibsim_accepts_generated(tmp_path: Path, make: object, ibsim_tools: None
     assert np.all(seen.speed_active[la[:, 0], la[:, 1]] == Speed.HDR)
     a, b = detect_shape(seen).as_dict(), detect_shape(f).as_dict()
     assert {**a, "note": ""} == {**b, "note": ""}  # the note names nodes, by GUID ids in ibnetdiscover output
+
+
+def test_oversubscribed_tree_is_a_design_not_a_failure() -> None:
+    s = detect_shape(fattree(2, 48, oversubscribe=(24, 12)))
+    assert s.kind == "fat-tree" and s.missing_links == 0 and s.missing_switches == 0
+    lost_spine = detect_shape(degrade(fattree(2, 8), switches=1, seed=1))
+    assert lost_spine.missing_switches == 1
