@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from fabric.generate import GenerateError, degrade, fattree, rail_cluster, ring, torus
 from fabric.model import Fabric, FabricBuilder, NodeType
 from sm import verify
-from sm.creditflow import channel_dependency_graph, cycle_core
+from sm.creditflow import channel_dependency_graph, cycle_core, find_credit_loops
 from sm.lidmap import LidMap, sequential_lids
 from sm.routing.base import NO_ROUTE, RoutingError, RoutingOptions, make_engine, route
 from sm.routing.ftree import FtreeRouting, ftree_levels, host_order
@@ -186,6 +186,26 @@ def test_up_ports_carry_equal_shares(levels: int, k: int) -> None:
         assert counts.min() == counts.max() > 0, (f.names[node], counts)
 
 
+def lmc_shared_paths(f: Fabric, lids: LidMap, lft: npt.NDArray[np.uint8]) -> tuple[int, int]:
+    """(leaf, CA port) pairs on different switches where two LIDs of the port take the same path; all such pairs."""
+    level = name_levels(f)
+    sw = f.switches
+    leaves = np.flatnonzero(np.isin(sw, f.leaves()))
+    ho = host_order(f)
+    base = lids.base[ho[:, 0], ho[:, 1]].astype(np.int64)
+    span = 1 << lids.lmc
+    rows = np.repeat(leaves, base.size * span)
+    dst = np.tile((base[:, None] + np.arange(span)[None, :]).ravel(), leaves.size)
+    _, _, _, path = trace_cells(f, lids, lft, rows, dst, level)
+    hops = np.stack(path, axis=1).reshape(leaves.size, base.size, span, -1)
+    local = sw[leaves][:, None] == f.peer_node[ho[:, 0], ho[:, 1]][None, :]
+    same = np.zeros(local.shape, np.bool_)
+    for a in range(span):
+        for b in range(a + 1, span):
+            same |= (hops[:, :, a] == hops[:, :, b]).all(axis=2)
+    return int((same & ~local).sum()), int((~local).sum())
+
+
 @pytest.mark.parametrize("lmc", [1, 2])
 def test_lmc_lids_take_distinct_paths(lmc: int) -> None:
     f = fattree(3, 8)
@@ -195,19 +215,7 @@ def test_lmc_lids_take_distinct_paths(lmc: int) -> None:
     check_ca_routes(f, lids, lft, level)
     assert verify.verify_routes(f, lids, lft).unreachable == 0
     assert credit_loop_free(f, lids, lft)
-    sw = f.switches
-    leaves = np.flatnonzero(np.isin(sw, f.leaves()))
-    base = lids.base[host_order(f)[:, 0], host_order(f)[:, 1]].astype(np.int64)
-    span = 1 << lmc
-    rows = np.repeat(leaves, base.size * span)
-    dst = np.tile((base[:, None] + np.arange(span)[None, :]).ravel(), leaves.size)
-    _, _, _, path = trace_cells(f, lids, lft, rows, dst, level)
-    hops = np.stack(path, axis=1).reshape(leaves.size, base.size, span, -1)
-    local = np.array([[f.peer_node[h, 1] == sw[r] for h in host_order(f)[:, 0]] for r in leaves])
-    for a in range(span):
-        for b in range(a + 1, span):
-            same = (hops[:, :, a] == hops[:, :, b]).all(axis=2)
-            assert not (same & ~local).any()
+    assert lmc_shared_paths(f, lids, lft)[0] == 0
     # Each LMC layer on its own is d-mod-k too: shifts over the base LIDs stay contention-free.
     assert verify.shift_quality(f, lids, lft).max_load == 1
 
@@ -302,7 +310,7 @@ def check_degraded(f: Fabric, *, slack: int) -> None:
 def test_degraded_links(seed: int) -> None:
     check_degraded(degrade(fattree(2, 12), fraction=0.05, seed=seed), slack=1)
     # 4-port cores and aggregation switches: a lost link can halve a plane between two pods.
-    check_degraded(degrade(fattree(3, 8), fraction=0.04, seed=seed), slack=3)
+    check_degraded(degrade(fattree(3, 8), fraction=0.04, seed=seed), slack=2)
 
 
 @pytest.mark.parametrize("switches", [1, 2])
@@ -310,7 +318,7 @@ def test_degraded_switches(switches: int) -> None:
     # A missing spine leaves every leaf one up link short: 6 hosts over 5 links.
     f = degrade(fattree(2, 12), switches=switches, seed=switches)
     check_degraded(f, slack=1)
-    check_degraded(degrade(fattree(3, 8), switches=switches, fraction=0.03, seed=switches), slack=3)
+    check_degraded(degrade(fattree(3, 8), switches=switches, fraction=0.03, seed=switches), slack=2)
 
 
 def test_leaf_cut_from_one_plane_keeps_every_switch_routed() -> None:
@@ -353,6 +361,65 @@ def test_agg_without_leaves_is_folded_below_the_cores() -> None:
     check_ca_routes(f, lids, lft, name_levels(f))
     assert verify.verify_routes(f, lids, lft).unreachable == 0
     assert credit_loop_free(f, lids, lft)
+
+
+# -- shift balance on degraded 3-level trees ------------------------------------------------------
+
+
+def shift_loads(f: Fabric, lids: LidMap, lft: npt.NDArray[np.uint8], shift: int) -> npt.NDArray[np.int64]:
+    """Routes per directed link when host ``i`` sends to host ``i + shift`` (hosts in ``host_order``)."""
+    ho = host_order(f)
+    dst = lids.base[ho[:, 0], ho[:, 1]].astype(np.int64)
+    n = ho.shape[0]
+    return verify.link_loads(f, lids, lft, np.column_stack([ho, dst[(np.arange(n) + shift) % n]]))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_degraded_three_level_shift_balance(seed: int) -> None:
+    """k=12 (432 hosts), 2% and 5% of the inter-switch links gone, every one of the 431 shifts.
+
+    A leaf or a destination leaf without one of its planes puts two routes on some link in an
+    aligned shift; displaced routes placed per switch so that they do not meet keep the rest at
+    one more (d-mod-k with displaced LIDs picked per pair alone reached 5 and 6 here).
+    """
+    for fraction, bound in ((0.02, 3), (0.05, 4)):
+        f = degrade(fattree(3, 12), fraction=fraction, seed=seed)
+        lids = sequential_lids(f)
+        lft = ftree(f, lids)
+        check_ca_routes(f, lids, lft, name_levels(f))
+        assert verify.verify_routes(f, lids, lft).unreachable == 0
+        assert find_credit_loops(f, lids, lft, from_cas=True) == []
+        q = verify.shift_quality(f, lids, lft)
+        assert q.shifts == q.total_shifts and q.unrouted == 0
+        assert q.max_load <= bound, (fraction, q)
+
+
+def test_k36_two_percent_shifts_that_piled_up() -> None:
+    """The issue's fabric: k=36 (11,664 hosts) less 2% of its inter-switch links (seed 1).
+
+    Shifts 2373 and 4286 put 5 routes on one aggregation up link when every switch displaced
+    LIDs on its own; the displaced routes of a switch are now kept apart over the shifts.
+    """
+    f = degrade(fattree(3, 36), fraction=0.02, seed=1)
+    lids = sequential_lids(f)
+    lft = ftree(f, lids)
+    for shift in (2373, 4286):
+        assert shift_loads(f, lids, lft, shift).max() <= 3
+    q = verify.shift_quality(f, lids, lft, max_shifts=48, seed=1)
+    assert q.unrouted == 0 and q.max_load <= 3
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_lmc_lids_part_on_degraded_trees(seed: int) -> None:
+    """Displaced LIDs keep clear of the slots the other LIDs of their port take (about 1 pair in 150 shared
+    a whole path when displaced LIDs ignored their siblings)."""
+    f = degrade(fattree(3, 8), fraction=0.04, seed=seed)
+    lids = sequential_lids(f, 1)
+    lft = ftree(f, lids)
+    check_ca_routes(f, lids, lft, name_levels(f))
+    assert verify.verify_routes(f, lids, lft).unreachable == 0
+    shared, pairs = lmc_shared_paths(f, lids, lft)
+    assert shared * 500 <= pairs, (shared, pairs)
 
 
 # -- hand-built shapes ------------------------------------------------------------------------------

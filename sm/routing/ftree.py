@@ -21,12 +21,25 @@ fat-tree every shift permutation (host ``i`` to host ``i + s``) then
 crosses each link at most once. With LMC > 0 the ``2**lmc`` LIDs of a port
 start at consecutive slots and so take different paths.
 
-On a degraded tree nothing is black-holed and the load stays even: a LID
-whose slot is missing, or leads to a switch with no shortest way on, keeps
-its place when it can and otherwise moves to a good slot (displaced LIDs
-of one pair to distinct ones); where a parent has lost most of its way on,
-its children choose one level ahead. Down ports are unique in a k-ary
-n-tree; parallel cables are taken in turn.
+On a degraded tree nothing is black-holed and shift permutations stay
+nearly as even. CA traffic that reaches a switch the nominal way (as it
+would on the complete tree) keeps its nominal slot when that slot leads
+on. All other CA traffic at a switch -- LIDs whose slot is missing or
+leads to a switch with no shortest way on, and traffic displaced below --
+is placed per switch by colouring. A (switch, LID) cell carries traffic
+under the shifts that bring one of the hosts sending it there to the LID,
+an interval of shifts; each up slot already carries one nominal route per
+shift, so the switch gives cells whose intervals overlap distinct slots
+(a greedy by interval start, the fewest overlaps where slots run out),
+and a displaced route meets at most one other on an up link. A cell
+prefers the slot the destination's side allows, chosen alike by every
+sibling switch (those sharing parents), so the routes to one destination
+keep to one plane all the way down; traffic displaced below keeps to the
+slot its switch is reached by, and so travels with the other routes to
+its destination leaf; the other LIDs of a port (LMC) are kept clear of.
+Where a parent has lost most of its way on, its children choose one
+level ahead. Down ports are unique in a k-ary n-tree; parallel cables
+are taken in turn.
 
 A fat-tree has no up*/down* path between switches that share no
 descendant (two cores, aggregation switches of two planes, and on a
@@ -39,13 +52,15 @@ is too degraded: its CA traffic would have to turn), so that the chain
 falls back to up/down routing.
 
 All work is per rank on ``[switch, switch]`` matrices and per block of
-switches on ``[switch, LID]`` rows; no Python loop runs per LID.
+switches on ``[switch, LID]`` rows; only cells whose nominal slot may
+fail are visited one by one, and the colouring advances all switches of
+a rank together, one cell each per step. No Python loop runs per LID.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -285,6 +300,8 @@ class _Tree:
     dn_port: npt.NDArray[np.uint8]
     """``[row, j]``: ``j``-th down port in port order, 255 past the end."""
     dn_child: IntArray
+    from_below: IntArray
+    """Per row: the up slot its children reach it by (the lowest, should they differ); 0 for leaves."""
 
 
 def _tables(g: _Graph, lev: IntArray, top: int) -> _Tree:
@@ -324,7 +341,10 @@ def _tables(g: _Graph, lev: IntArray, top: int) -> _Tree:
     dn_child = np.full((n, dmax), -1, np.int64)
     dn_port[dn_u, dn_j] = dn_p
     dn_child[dn_u, dn_j] = dn_t
-    return _Tree(lev, top, width, stride, n_up, up_port, up_parent, n_down, dn_port, dn_child)
+    from_below = np.full(n, wmax, np.int64)
+    np.minimum.at(from_below, up_t, slot)
+    from_below[from_below == wmax] = 0
+    return _Tree(lev, top, width, stride, n_up, up_port, up_parent, n_down, dn_port, dn_child, from_below)
 
 
 # -- switch-to-switch tables --------------------------------------------------------------------------
@@ -605,51 +625,229 @@ def _pick(mask: npt.NDArray[np.uint64], sn: IntArray, turn: IntArray) -> IntArra
 def _lookahead_mask(
     tr: _Tree, pt: _Pairs, u: IntArray, v: IntArray, m1: npt.NDArray[np.uint64], sn_up: IntArray, w: int
 ) -> npt.NDArray[np.uint64]:
-    """Slots of ``m1`` whose parent goes on along its own nominal slot ``sn_up`` (or goes down)."""
+    """Slots of ``m1`` whose parent has the LID's nominal slot of its level ``sn_up`` (or goes down).
+
+    Parents then take a share of a destination's LIDs in proportion to the ways on they have.
+    """
     m2 = np.zeros(u.size, np.uint64)
-    shift = sn_up.astype(np.uint64)
     for j in range(w):
         pj = tr.up_parent[u, j]
         ok = pj >= 0
         pj = np.where(ok, pj, 0)
-        on = pt.desc[pj, v] | (((pt.upmask[pj, v].astype(np.uint64) >> shift) & np.uint64(1)) == 1)
-        bit = ((m1 >> np.uint64(j)) & np.uint64(1)) == 1
-        m2 |= (ok & on & bit).astype(np.uint64) << np.uint64(j)
+        on = pt.desc[pj, v] | _bit(pt.upmask[pj, v].astype(np.uint64), sn_up)
+        m2 |= (ok & on & _bit(m1, np.full(u.size, j))).astype(np.uint64) << np.uint64(j)
     return np.where(m2 != 0, m2, m1)
+
+
+def _bit(mask: npt.NDArray[np.uint64], j: npt.NDArray[np.integer]) -> npt.NDArray[np.bool_]:
+    """Whether bit ``j`` of each mask is set."""
+    return ((mask >> j.astype(np.uint64)) & np.uint64(1)) == 1
+
+
+def _host_ranges(g: _Graph, tr: _Tree) -> tuple[IntArray, IntArray]:
+    """Per row: the lowest and highest host key below it (``n_ca`` and -1 where there is none)."""
+    n, n_ca = g.n, g.ca_node.size
+    lo = np.full(n + 1, n_ca, np.int64)
+    hi = np.full(n + 1, -1, np.int64)
+    keys = np.arange(n_ca, dtype=np.int64)
+    np.minimum.at(lo, g.ca_row, keys)
+    np.maximum.at(hi, g.ca_row, keys)
+    child = np.where(tr.dn_child >= 0, tr.dn_child, n)
+    for h in range(1, tr.top + 1):
+        rows = np.flatnonzero(tr.lev == h)
+        lo[rows] = lo[child[rows]].min(axis=1)
+        hi[rows] = hi[child[rows]].max(axis=1)
+    return lo[:n], hi[:n]
+
+
+def _dest_masks(tr: _Tree, pt: _Pairs, h: int) -> tuple[IntArray, npt.NDArray[np.uint64]]:
+    """Siblings at level ``h`` (switches joined through shared parents) and, per sibling set and
+    destination row, the up slots some sibling leads on by: what the destination's side allows.
+    """
+    n = tr.lev.size
+    u, j = np.nonzero(tr.up_parent >= 0)
+    keep = tr.lev[u] == h
+    lab = components(n, u[keep], tr.up_parent[u[keep], j[keep]])
+    rows = np.flatnonzero(tr.lev == h)
+    sets, grp_rows = np.unique(lab[rows], return_inverse=True)
+    grp = np.full(n, -1, np.int64)
+    grp[rows] = grp_rows
+    order = np.argsort(grp_rows, kind="stable")
+    starts = np.searchsorted(grp_rows[order], np.arange(sets.size))
+    return grp, np.bitwise_or.reduceat(pt.upmask[rows[order]].astype(np.uint64), starts, axis=0)
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One level's view of the LIDs: a row's nominal slot for a LID is ``(kslot + shift[row]) mod w``."""
+
+    h: int
+    w: int
+    kslot: IntArray
+    """Per LID: the nominal slot at a row with no shift (the chain slot at the leaves)."""
+    shift: IntArray
+    """Per row: 0 at the leaves, above them the slot the row is reached by from below."""
+    by_key: IntArray
+    """LIDs ordered by (destination row, ``kslot``)."""
+    start: IntArray
+    """``start[v * w + k]``: first position in ``by_key`` of destination row ``v`` with ``kslot`` ``k``."""
+    grp: IntArray
+    dmask: npt.NDArray[np.uint64]
+    """``[sibling set, destination row]``: up slots the destination's side allows."""
+    look: bool
+    arc: int
+    """Shifts per arc the colouring cuts a switch's circle into: some 8 times the hosts below a switch."""
+
+    def cells(self, v: IntArray, shift: IntArray, slots: npt.NDArray[np.uint64]) -> tuple[IntArray, IntArray]:
+        """LIDs of destination rows ``v`` whose nominal slot is in ``slots``: (index into ``v``, LID)."""
+        w = self.w
+        bits = ((slots[:, None] >> np.arange(w, dtype=np.uint64)) & np.uint64(1)) == 1
+        p, j = np.nonzero(bits)
+        k = v[p] * w + (j - shift[p]) % w
+        lo, cnt = self.start[k], self.start[k + 1] - self.start[k]
+        which = np.repeat(p, cnt)
+        pos = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+        return which, self.by_key[pos]
+
+
+@dataclass
+class _Extras:
+    """CA traffic of one level that cannot take its nominal slot: (row, LID) cells to colour."""
+
+    row: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    lid: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    lo: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    """Lowest host key of the sources that send the LID through the switch; ``hi`` the highest."""
+    hi: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    allowed: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    """Up slots that lead on (one bit per slot)."""
+    pref: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    avoid: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    """Slots the other LIDs of the port (LMC) take at the switch."""
+
+
+@dataclass(frozen=True)
+class _Arrivals:
+    """Displaced CA traffic entering a level from below: (row, LID) cells, sorted, with their source hulls."""
+
+    row: IntArray
+    lid: IntArray
+    lo: IntArray
+    hi: IntArray
+
+    @classmethod
+    def merged(cls, row: IntArray, lid: IntArray, lo: IntArray, hi: IntArray, n_lid: int) -> _Arrivals:
+        code = row * n_lid + lid
+        if code.size == 0:
+            return cls(code, code, code, code)
+        order = np.argsort(code, kind="stable")
+        code = code[order]
+        first = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
+        return cls(
+            code[first] // n_lid,
+            code[first] % n_lid,
+            np.minimum.reduceat(lo[order], first),
+            np.maximum.reduceat(hi[order], first),
+        )
+
+    def within(self, rows: IntArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+        """Cells of an ascending block of rows: (index into ``rows``, LID, lo, hi)."""
+        a, b = np.searchsorted(self.row, [rows[0], rows[-1] + 1])
+        r, lid, lo, hi = self.row[a:b], self.lid[a:b], self.lo[a:b], self.hi[a:b]
+        ri = np.minimum(np.searchsorted(rows, r), rows.size - 1)
+        ok = rows[ri] == r
+        return ri[ok], lid[ok], lo[ok], hi[ok]
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What every level of :func:`_expand` reads."""
+
+    g: _Graph
+    tr: _Tree
+    pt: _Pairs
+    dest: _Dest
+    chain: list[IntArray]
+    """Per level: each LID's nominal slot, the level's d-mod-k digit plus the nominal slot below."""
+    digit: list[IntArray]
+    """Per level ``h`` (0 .. top): ``key // stride_h``."""
+    is_ca: npt.NDArray[np.bool_]
+    """Per LID: a CA port's LID (the traffic shift permutations are made of)."""
+    ca_dest: npt.NDArray[np.bool_]
+    """Per destination row (``n`` included, false): CA ports hang on it."""
+    span: int
+    """LIDs per port, ``2**lmc``."""
+    lo: IntArray
+    hi: IntArray
+    slot_of: npt.NDArray[np.int8]
+    """``[row, port]``: the up slot of that port, -1 for any other value (down ports, classes)."""
+    partial: npt.NDArray[np.bool_]
+    parent: IntArray
+
+
+def _level(cx: _Ctx, h: int) -> _Level:
+    """Per-level LID keys, shifts and the destination side's slots."""
+    tr, dest = cx.tr, cx.dest
+    n = tr.lev.size
+    w = int(tr.width[h])
+    kslot = cx.chain[0] if h == 0 else cx.digit[h] % w
+    shift = np.zeros(n, np.int64) if h == 0 else tr.from_below % w
+    code = dest.row * w + kslot
+    by_key = np.argsort(code, kind="stable")
+    start = np.searchsorted(code[by_key], np.arange((n + 1) * w + 1))
+    grp, dmask = _dest_masks(tr, cx.pt, h)
+    look = bool(cx.partial.any()) and h < tr.top - 1
+    rows = np.flatnonzero(tr.lev == h)
+    period = max(int(cx.g.ca_node.size), 1)
+    below = int(np.median(np.maximum(cx.hi[rows] - cx.lo[rows] + 1, 1))) if rows.size else 1
+    arc = max(8 * below, -(-period // 64))
+    return _Level(h, w, kslot, shift, by_key, start, grp, dmask, look, arc)
 
 
 def _expand(g: _Graph, tr: _Tree, pt: _Pairs, dest: _Dest, lft: Lft) -> None:
     """Fill the LFT rows level by level from the pair classes and the LIDs' d-mod-k digits."""
     n = g.n
+    n_lid = dest.row.size
     dm = _down_multi(tr, pt)
-    # Nominal slot per level: the level's d-mod-k digit plus the slot below. A complete tree sees
-    # one slot below per switch, a constant shift; a LID displaced below changes its slot here too,
-    # so it does not pile onto the LIDs whose slot it took.
-    slots: list[IntArray] = []
+    # Nominal slot per level: the level's d-mod-k digit plus the nominal slot below. Traffic that
+    # reaches a switch the nominal way takes it; any other traffic keeps to the slot the switch is
+    # reached by from below (staying with the destination's other routes), or is coloured.
+    chain: list[IntArray] = []
+    digit: list[IntArray] = []
     below = dest.off
-    for h in range(tr.top):
-        digit = dest.key // int(tr.stride[h])
-        below = (digit + below) % max(int(tr.width[h]), 1)
-        slots.append(below)
+    for h in range(tr.top + 1):
+        digit.append(dest.key // int(tr.stride[h]))
+        if h < tr.top:
+            below = (digit[h] + below) % max(int(tr.width[h]), 1)
+            chain.append(below)
     # Pairs where fewer than half the up slots lead on (a parent lost many links): rather than let
     # that parent pile its displaced LIDs onto the few slots left, a child looks one level ahead.
     partial = np.zeros((n + 1, n + 1), np.bool_)
     width_row = tr.width[np.clip(tr.lev, 0, tr.top)]
     partial[:n] = (pt.upmask != 0) & (np.bitwise_count(pt.upmask) * 2 < width_row[:, None])
-    any_partial = bool(partial.any())
     parent = np.where(tr.up_parent >= 0, tr.up_parent, n)
+    lo, hi = _host_ranges(g, tr)
+    slot_of = np.full((n, 256), -1, np.int8)
+    r_, j_ = np.nonzero(tr.up_port != NO_ROUTE)
+    slot_of[r_, tr.up_port[r_, j_]] = j_
+    is_ca = (dest.key < g.ca_node.size) & (dest.row < n)
+    ca_dest = np.zeros(n + 1, np.bool_)
+    ca_dest[g.ca_row] = True
+    span = int(dest.off.max(initial=0)) + 1
+    cx = _Ctx(g, tr, pt, dest, chain, digit, is_ca, ca_dest, span, lo, hi, slot_of, partial, parent)
+    arrivals: _Arrivals | None = None
     for h in range(-1, tr.top + 1):
         rows_h = np.flatnonzero(tr.lev == h)
-        if rows_h.size == 0:
-            continue
         w = int(tr.width[h]) if 0 <= h < tr.top else 0
-        digit = dest.key // (int(tr.stride[h]) if h >= 0 else 1)
+        lv = _level(cx, h) if w and rows_h.size else None
         down_digit = dest.key // int(tr.stride[h - 1]) if h >= 1 else dest.key
-        look = any_partial and 0 <= h < tr.top - 1
+        moved: list[tuple[IntArray, IntArray, IntArray, IntArray]] = []
         for rows in _row_blocks(rows_h, lft.shape[1]):
             out = np.take(pt.fx[rows], dest.row, axis=1)
-            if w:
-                _up_ports(tr, pt, dest, rows, out, slots, h, digit, look, parent, partial)
+            ext = _Extras()
+            if lv is not None:
+                arr = arrivals.within(rows) if arrivals is not None and arrivals.row.size else None
+                _up_ports(cx, lv, rows, out, arr, ext)
             if dm.code.size:
                 # Down, over parallel cables: take them in turn.
                 ri, li = np.nonzero(out == _DNMULTI)
@@ -659,67 +857,326 @@ def _expand(g: _Graph, tr: _Tree, pt: _Pairs, dest: _Dest, lft: Lft) -> None:
                     j = dm.order[p, (down_digit[li] + dest.off[li]) % dm.count[p]]
                     out[ri, li] = tr.dn_port[r, j]
             lft[rows] = out
+            if lv is not None and ext.row:
+                # Switches are coloured apart from each other: a block at a time.
+                moved.append(_settle(cx, lv, ext, lft))
+        arrivals = None
+        if moved:
+            parts = [np.concatenate(x) for x in zip(*moved, strict=True)]
+            arrivals = _Arrivals.merged(parts[0], parts[1], parts[2], parts[3], n_lid)
     # A destination's own switch: its CA port, or port 0 for the switch's own LIDs.
     used = np.flatnonzero(dest.row < n)
     lft[dest.row[used], used] = dest.exit[used]
 
 
 def _up_ports(
-    tr: _Tree, pt: _Pairs, dest: _Dest, rows: IntArray, out: npt.NDArray[np.uint8], slots: list[IntArray],
-    h: int, digit: IntArray, look: bool, parent: IntArray, partial: npt.NDArray[np.bool_],
+    cx: _Ctx, lv: _Level, rows: IntArray, out: npt.NDArray[np.uint8],
+    arr: tuple[IntArray, IntArray, IntArray, IntArray] | None, ext: _Extras,
 ) -> None:  # fmt: skip
-    """Resolve the ``_UPFULL`` and ``_UPMASK`` cells of a block of rank-``h`` rows in place."""
-    w = int(tr.width[h])
-    slot = slots[h]
+    """Resolve the up cells of a block of level rows in place; displaced CA traffic goes to ``ext``.
+
+    Only the cells of pairs whose nominal slot may fail are looked at one by one: the LIDs of a
+    destination row with a given nominal slot come from ``lv.cells``.
+    """
+    tr, pt, dest = cx.tr, cx.pt, cx.dest
+    h, w = lv.h, lv.w
     full = np.uint64((1 << w) - 1)
-    sp = np.take(tr.up_port[rows, :w], slot, axis=1)
-    upfull = out == _UPFULL
-    masked = out == _UPMASK
-    take_sp = upfull.copy()
-    fix_r: list[IntArray] = []
-    fix_l: list[IntArray] = []
-    if masked.any():
-        # Some slots missing or leading nowhere: keep the nominal slot when it is good.
-        m = np.take(pt.upmask[rows], dest.row, axis=1)
-        good = ((m >> slot.astype(m.dtype)) & 1) == 1
-        take_sp |= masked & good
-        ri, li = np.nonzero(masked & ~good)
-        fix_r.append(ri)
-        fix_l.append(li)
-    if look:
+    shift = lv.shift[rows]
+    rot = (np.arange(w)[None, :] + shift[:, None]) % w
+    fxr = pt.fx[rows]
+    # Every cell whose pair climbs takes its nominal slot, unless replaced below.
+    np.copyto(out, np.take(np.take_along_axis(tr.up_port[rows, :w], rot, axis=1), lv.kslot, axis=1),
+              where=(out >= _UPMASK) & (out <= _UPFULL))  # fmt: skip
+    one = cx.slot_of[rows[:, None], fxr].astype(np.int64)  # pairs with a single up slot
+    fb = tr.from_below[rows]
+    er: list[IntArray] = []  # cells to colour: index into rows, LID
+    el: list[IntArray] = []
+
+    def arrived(ri: IntArray, li: IntArray) -> npt.NDArray[np.bool_]:
+        """CA traffic reaches the cell the nominal way (every LID at a leaf)."""
+        ok = cx.is_ca[li]
+        return ok if h == 0 else ok & (cx.chain[h - 1][li] == fb[ri])
+
+    # Cells of masked or single-slot pairs whose nominal slot is not good.
+    pr, pv = np.nonzero((fxr == _UPMASK) | ((one >= 0) & cx.ca_dest[None, :]))
+    if pr.size:
+        single = one[pr, pv] >= 0
+        m = np.where(single, np.uint64(1) << np.maximum(one[pr, pv], 0).astype(np.uint64),
+                     pt.upmask[rows[pr], pv].astype(np.uint64))  # fmt: skip
+        p, li = lv.cells(pv, shift[pr], ~m & full)
+        ri = pr[p]
+        came = arrived(ri, li)
+        er.append(ri[came])
+        el.append(li[came])
+        # No CA traffic comes this way: any good slot, displaced LIDs of one pair to distinct ones.
+        quiet = ~came & ~single[p]
+        if quiet.any():
+            qr, ql, qm = ri[quiet], li[quiet], m[p[quiet]]
+            s = _pick(qm, (lv.kslot[ql] + shift[qr]) % w, cx.digit[h + 1][ql] + rows[qr])
+            out[qr, ql] = tr.up_port[rows[qr], s]
+    ahead = np.zeros((0, 0), np.bool_)
+    if lv.look:
         # The nominal parent would have to displace the LID at its own level: choose again here.
-        ahead = np.zeros((rows.size, pt.fx.shape[1]), np.bool_)
+        ahead = np.zeros(fxr.shape, np.bool_)
         for j in range(w):
-            ahead |= partial[parent[rows, j]]
-        ri, li = np.nonzero(np.take(ahead, dest.row, axis=1) & take_sp)
-        fix_ahead = [ahead[r_, dest.row[l_]] for r_, l_ in zip(fix_r, fix_l, strict=True)]
-        if ri.size:
+            ahead |= cx.partial[cx.parent[rows, j]]
+        ar_, av_ = np.nonzero(ahead & (fxr >= _UPMASK) & (fxr <= _UPFULL))
+        if ar_.size:
+            m = np.where(fxr[ar_, av_] == _UPFULL, full, pt.upmask[rows[ar_], av_].astype(np.uint64))
+            p, li = lv.cells(av_, shift[ar_], m)
+            ri = ar_[p]
+            came = arrived(ri, li)
+            ri, li = ri[came], li[came]
             u, v = rows[ri], dest.row[li]
-            par = tr.up_parent[u, slot[li]]
-            up_bits = pt.upmask[par, v].astype(np.uint64) >> slots[h + 1][li].astype(np.uint64)
-            stuck = ~pt.desc[par, v] & ((up_bits & np.uint64(1)) == 0)
-            fix_r.append(ri[stuck])
-            fix_l.append(li[stuck])
-            fix_ahead.append(np.ones(int(stuck.sum()), np.bool_))
-    np.copyto(out, sp, where=take_sp)
-    if not fix_r:
+            w_up = max(int(tr.width[h + 1]), 1)
+            par = tr.up_parent[u, (lv.kslot[li] + shift[ri]) % w]
+            on = _bit(pt.upmask[par, v].astype(np.uint64), (cx.digit[h + 1][li] + tr.from_below[par]) % w_up)
+            stuck = ~pt.desc[par, v] & ~on
+            er.append(ri[stuck])
+            el.append(li[stuck])
+    lo_ = [cx.lo[rows[r_]] for r_ in er]
+    hi_ = [cx.hi[rows[r_]] for r_ in er]
+    came_up = [np.zeros(r_.size, np.bool_) for r_ in er]
+    if arr is not None:
+        ar, al, alo, ahi = arr
+        av = dest.row[al]
+        climbs = ((fxr[ar, av] >= _UPMASK) & (fxr[ar, av] <= _UPFULL)) | (one[ar, av] >= 0)
+        er.append(ar[climbs])
+        el.append(al[climbs])
+        lo_.append(alo[climbs])
+        hi_.append(ahi[climbs])
+        came_up.append(np.ones(int(climbs.sum()), np.bool_))
+    if not er:
         return
-    ri, li = np.concatenate(fix_r), np.concatenate(fix_l)
+    ri, li = np.concatenate(er), np.concatenate(el)
     if ri.size == 0:
         return
+    clo, chi, displaced = np.concatenate(lo_), np.concatenate(hi_), np.concatenate(came_up)
+    # A cell reached several ways: one cell, the hull of its sources.
+    code = ri * out.shape[1] + li
+    order = np.argsort(code, kind="stable")
+    code = code[order]
+    first = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
+    ri, li = ri[order][first], li[order][first]
+    clo, chi = np.minimum.reduceat(clo[order], first), np.maximum.reduceat(chi[order], first)
+    displaced = np.logical_and.reduceat(displaced[order], first)
     u, v = rows[ri], dest.row[li]
-    m1 = np.where(masked[ri, li], pt.upmask[u, v].astype(np.uint64), full)
-    if look:
-        la = np.flatnonzero(np.concatenate(fix_ahead))
+    # Traffic displaced below keeps to the slot the switch is reached by, and so to the other routes
+    # to its destination, unless another LID of its port (LMC) comes here the nominal way: then, as
+    # on its nominal path, it adds its own slot below, so the port's LIDs part.
+    s0 = (lv.kslot[li] + shift[ri]) % w
+    avoid = np.zeros(ri.size, np.uint64)  # slots other LIDs of the port take here the nominal way
+    if cx.span > 1 and h == 0:
+        for o in range(cx.span):
+            avoid |= np.uint64(1) << ((s0 - dest.off[li] + o) % w).astype(np.uint64)
+        avoid &= ~(np.uint64(1) << s0.astype(np.uint64))
+    elif cx.span > 1 and displaced.any():
+        c_below = cx.chain[h - 1][li]
+        w_below = max(int(tr.width[h - 1]), 1)
+        sib = displaced & ((dest.off[li] + fb[ri] - c_below) % w_below < cx.span)
+        avoid = np.where(sib, np.uint64(1) << s0.astype(np.uint64), avoid)
+        s0 = np.where(sib, (lv.kslot[li] + c_below) % w, s0)
+    cls = fxr[ri, v]
+    o1 = one[ri, v]
+    allowed = np.where(cls == _UPFULL, full, pt.upmask[u, v].astype(np.uint64))
+    allowed = np.where(o1 >= 0, np.uint64(1) << np.maximum(o1, 0).astype(np.uint64), allowed)
+    up_digit = cx.digit[h + 1][li]
+    # Preferred: the slot the destination's side allows, chosen alike by every sibling switch.
+    dsm = lv.dmask[lv.grp[u], v]
+    dsm = np.where(dsm != 0, dsm, allowed)
+    ds = s0.copy()
+    moved = ~_bit(dsm, s0)
+    if moved.any():
+        ds[moved] = _pick(dsm[moved], s0[moved], up_digit[moved] + tr.from_below[u[moved]])
+    if lv.look:
+        la = np.flatnonzero(ahead[ri, v] & (o1 < 0))
         if la.size:
-            m1[la] = _lookahead_mask(tr, pt, u[la], v[la], m1[la], slots[h + 1][li[la]], w)
-    sn = slot[li]
-    keep = ((m1 >> sn.astype(np.uint64)) & np.uint64(1)) == 1
-    s = sn.copy()
-    if (~keep).any():
-        k = ~keep
-        s[k] = _pick(m1[k], sn[k], digit[li[k]] + dest.off[li[k]] + u[k])
-    out[ri, li] = tr.up_port[u, s]
+            allowed[la] = _lookahead_mask(tr, pt, u[la], v[la], allowed[la], cx.chain[h + 1][li[la]], w)
+    # The switch's own side lacks that slot: each switch displaces in its own turn, so that
+    # siblings missing the same slot do not all send the LID to one parent.
+    pref = ds
+    own = ~_bit(allowed, ds)
+    if own.any():
+        pref[own] = _pick(allowed[own], ds[own], up_digit[own] + u[own])
+    for part, x in zip((ext.row, ext.lid, ext.lo, ext.hi, ext.pref),
+                       (u, li, clo, chi, pref), strict=True):  # fmt: skip
+        part.append(x.astype(np.int32))
+    ext.allowed.append(allowed)
+    ext.avoid.append(avoid)
+
+
+def _settle(cx: _Ctx, lv: _Level, ext: _Extras, lft: Lft) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """Colour displaced CA traffic into the LFT; return what moves on off its nominal slot
+    (parent row, LID, source hull), the next level's arrivals."""
+    tr = cx.tr
+    row, lid = np.concatenate(ext.row).astype(np.int64), np.concatenate(ext.lid).astype(np.int64)
+    lo, hi = np.concatenate(ext.lo), np.concatenate(ext.hi)
+    n_ca = max(int(cx.g.ca_node.size), 1)
+    start = ((cx.dest.key[lid] - hi) % n_ca).astype(np.int32)
+    allowed, pref, avoid = np.concatenate(ext.allowed), np.concatenate(ext.pref), np.concatenate(ext.avoid)
+    for part in (ext.row, ext.lid, ext.lo, ext.hi, ext.allowed, ext.pref, ext.avoid):
+        part.clear()
+    if cx.span == 1:
+        color = _color(row, start, hi - lo + 1, allowed, pref, avoid, lv.w, n_ca, lv.arc)
+    else:
+        # LIDs of one LMC offset make up one set of shift permutations: offsets are coloured one
+        # after the other, each clear of the slots the port's earlier LIDs took at the switch.
+        color = np.zeros(row.size, np.int64)
+        off = cx.dest.off[lid]
+        _, port = np.unique(row * n_ca + cx.dest.key[lid], return_inverse=True)
+        taken = np.zeros(int(port.max()) + 1, np.uint64)
+        for o in range(cx.span):
+            c = np.flatnonzero(off == o)
+            color[c] = _color(row[c], start[c], hi[c] - lo[c] + 1, allowed[c], pref[c], avoid[c] | taken[port[c]],
+                              lv.w, n_ca, lv.arc)  # fmt: skip
+            np.bitwise_or.at(taken, port[c], np.uint64(1) << color[c].astype(np.uint64))
+    lft[row, lid] = tr.up_port[row, color]
+    moved = color != cx.chain[lv.h][lid]
+    return tr.up_parent[row[moved], color[moved]], lid[moved], lo[moved].astype(np.int64), hi[moved].astype(np.int64)
+
+
+_DEPTH = 4
+"""Displaced cells a switch keeps track of per up slot at one time (more count as that many)."""
+_EARLY = -(1 << 30)
+"""Shift time before every cell (shifts and LIDs stay below 2**16)."""
+_LATE = 1 << 30
+
+
+def _color(
+    row: IntArray, start: IntArray, length: IntArray, allowed: npt.NDArray[np.uint64], pref: IntArray,
+    avoid: npt.NDArray[np.uint64], w: int, period: int, arc: int,
+) -> IntArray:  # fmt: skip
+    """Up slots for displaced CA traffic, switch by switch: interval colouring over the shifts.
+
+    The cell of switch ``row`` carries traffic under shifts ``start .. start + length - 1``
+    (mod ``period``). Every slot already carries one nominal route per shift, so cells whose
+    shifts overlap should take distinct slots. Each switch takes its cells in order of
+    ``start`` and gives each its preferred slot if no earlier cell holds it then, else the
+    allowed slot held by the fewest earlier cells at that shift, outside ``avoid`` if it can,
+    nearest after the preferred one. All switches advance together, a cell each per step; to
+    take fewer steps, each switch's circle is cut into arcs of ``arc`` shifts, the cells over a
+    cut are coloured first, and then the arcs of all switches advance together.
+    """
+    color = np.zeros(row.size, np.int64)
+    if row.size == 0:
+        return color
+    sw, r_idx = np.unique(row, return_inverse=True)
+    end = start + length
+    parts = -(-period // arc)
+    if parts <= 2:
+        return _color_circle(r_idx, sw.size, start, end, allowed, pref, avoid, w, period)
+    first, last = start // arc, (end - 1) // arc
+    cross = first != last
+    cc, cr = np.flatnonzero(cross), np.flatnonzero(~cross)
+    color[cc] = _color_circle(r_idx[cc], sw.size, start[cc], end[cc], allowed[cc], pref[cc], avoid[cc], w, period)
+    # Each arc starts with the cells over its first cut held until they end, and keeps clear
+    # of those that start in it and run on past its end.
+    busy = np.full((sw.size * parts, w, _DEPTH), _EARLY, np.int32)
+    reserved = np.full((sw.size * parts, w), _LATE, np.int32)
+    np.minimum.at(reserved, (r_idx[cc] * parts + first[cc], color[cc]), start[cc])
+    span = last[cc] - first[cc]
+    which = np.repeat(cc, span)
+    k = first[which] + 1 + np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span)
+    _hold(busy, (r_idx[which] * parts + k % parts) * w + color[which], end[which] - period * (k // parts), w)
+    color[cr] = _sweep(r_idx[cr] * parts + first[cr], start[cr], end[cr], allowed[cr], pref[cr], avoid[cr], w,
+                       busy, reserved)  # fmt: skip
+    return color
+
+
+def _hold(busy: IntArray, code: IntArray, end: IntArray, w: int) -> None:
+    """Enter cells (``code`` = switch * ``w`` + slot) held until ``end`` in ``busy``, the latest ones first."""
+    order = np.lexsort((-end, code))
+    code = code[order]
+    k = np.arange(code.size) - np.searchsorted(code, code)
+    keep = k < _DEPTH
+    busy[code[keep] // w, code[keep] % w, k[keep]] = end[order][keep]
+
+
+def _color_circle(
+    r_idx: IntArray, n_sw: int, start: IntArray, end: IntArray, allowed: npt.NDArray[np.uint64], pref: IntArray,
+    avoid: npt.NDArray[np.uint64], w: int, period: int,
+) -> IntArray:  # fmt: skip
+    """:func:`_color` over whole circles: cells that wrap past ``period`` go first and hold their
+    slot at both ends of the circle."""
+    color = np.zeros(r_idx.size, np.int64)
+    busy = np.full((n_sw, w, _DEPTH), _EARLY, np.int32)
+    reserved = np.full((n_sw, w), _LATE, np.int32)
+    wrap = end > period
+    if wrap.any():
+        cw = np.flatnonzero(wrap)
+        color[cw] = _sweep(r_idx[cw], start[cw], end[cw], allowed[cw], pref[cw], avoid[cw], w, busy, reserved)
+        busy[:] = _EARLY
+        _hold(busy, r_idx[cw] * w + color[cw], end[cw] - period, w)
+        np.minimum.at(reserved, (r_idx[cw], color[cw]), start[cw])
+    cr = np.flatnonzero(~wrap)
+    color[cr] = _sweep(r_idx[cr], start[cr], end[cr], allowed[cr], pref[cr], avoid[cr], w, busy, reserved)
+    return color
+
+
+def _steps(group: IntArray, start: IntArray) -> tuple[IntArray, IntArray]:
+    """Cells in the order :func:`_sweep` takes them: by rank within their group (in order of
+    ``start``), then by group; and where each step's cells begin and end in that order."""
+    e = group.size
+    order = np.argsort(group.astype(np.int64) * (int(start.max(initial=0)) + 1) + start, kind="stable")
+    g_s = group[order]
+    new_run = np.r_[True, g_s[1:] != g_s[:-1]]
+    run_start = np.flatnonzero(new_run)
+    rank = np.arange(e) - np.repeat(run_start, np.diff(np.r_[run_start, e]))
+    rank_t = rank.astype(np.uint16) if e and rank.max() < 1 << 16 else rank
+    pos = order[np.argsort(rank_t, kind="stable")]
+    return pos, np.r_[0, np.cumsum(np.bincount(rank))]
+
+
+def _sweep(
+    r_idx: IntArray, start: IntArray, end: IntArray, allowed: npt.NDArray[np.uint64], pref: IntArray,
+    avoid: npt.NDArray[np.uint64], w: int, busy: IntArray, reserved: IntArray,
+) -> IntArray:  # fmt: skip
+    """The greedy of :func:`_color` over cells that do not wrap; ``busy`` (per switch and slot: when the
+    cells holding it end) and ``reserved`` (held from) are updated in place."""
+    e = r_idx.size
+    color = np.zeros(e, np.int64)
+    if e == 0:
+        return color
+    pos, bounds = _steps(r_idx, start)
+    okp = _bit(allowed & ~avoid, pref)
+    until = busy.max(axis=2)
+    lanes = np.arange(w, dtype=np.uint64)
+    turn = (np.arange(w)[None, :] - np.arange(w)[:, None]) % w  # turn[p, c]: how far c comes after p
+    top = np.iinfo(np.int64).max
+    for i in range(bounds.size - 1):
+        cells = pos[int(bounds[i]) : int(bounds[i + 1])]
+        r, a, z, p = r_idx[cells], start[cells], end[cells], pref[cells]
+        c = p.astype(np.int64)
+        miss = np.flatnonzero(~(okp[cells] & (until[r, p] <= a) & (z <= reserved[r, p])))
+        held = np.zeros(0, np.int64)
+        if miss.size:
+            rm, am, zm = r[miss], a[miss], z[miss]
+            ok = ((allowed[cells[miss]][:, None] >> lanes) & np.uint64(1)) == 1
+            shy = ((avoid[cells[miss]][:, None] >> lanes) & np.uint64(1)).astype(np.int64)
+            free = ok & (until[rm] <= am[:, None]) & (zm[:, None] <= reserved[rm])
+            c[miss] = np.where(free, shy * w + turn[p[miss]], top).argmin(axis=1)
+            full = ~free.any(axis=1)
+            if full.any():
+                # Every allowed slot is held: the one held by the fewest cells then.
+                held = miss[full]
+                rh, ah = r[held], a[held]
+                n_held = (busy[rh] > ah[:, None, None]).sum(axis=2) + (z[held][:, None] > reserved[rh])
+                score = np.where(ok[full], (2 * n_held + shy[full]) * w + turn[p[held]], top)
+                c[held] = score.argmin(axis=1)
+        # A free slot's earlier cells have all ended: the cell holds it alone.
+        if held.size == 0:
+            busy[r, c, 0] = z
+        else:
+            lone = np.ones(r.size, np.bool_)
+            lone[held] = False
+            busy[r[lone], c[lone], 0] = z[lone]
+            rh, ch = r[held], c[held]
+            slot = busy[rh, ch]
+            k = slot.argmin(axis=1)
+            busy[rh, ch, k] = z[held]
+        until[r, c] = np.maximum(until[r, c], z)
+        color[cells] = c
+    return color
 
 
 def _route(fabric: Fabric, lids: LidMap, root_guids: tuple[int, ...]) -> Lft:
