@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr, node_desc_unpack
+from fabric.mad import NODE_INFO, PORT_INFO, SMP_DATA_SIZE, SWITCH_INFO, Method, SmpAttr, node_desc_unpack
 from fabric.model import (
     MAX_PORTS,
     Fabric,
@@ -28,10 +29,13 @@ from fabric.model import (
     Speed,
     speed_from_portinfo,
 )
-from sm.smp import SmpRequest, smp_batch, smp_get
+from sm.smp import RowCodec, smp_batch_dr, smp_get
 from sm.transport.base import WindowedTransport
 
 Path = tuple[int, ...]
+
+_NODE_INFO = RowCodec(NODE_INFO)
+_PORT_INFO = RowCodec(PORT_INFO)
 
 
 @dataclass
@@ -47,6 +51,7 @@ class _NodeRec:
     port_guids: dict[int, int] = field(default_factory=dict)
     port_paths: dict[int, Path] = field(default_factory=dict)
     port_info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    port_raw: dict[int, bytes] = field(default_factory=dict)
     switch_info: dict[str, Any] | None = None
 
 
@@ -67,6 +72,9 @@ class Discovery:
     """(node, port) -> PortInfo as read (the base for later Sets)."""
     errors: list[str]
     smps: int
+    port_info_raw: dict[tuple[int, int], tuple[dict[str, Any], bytes]] = field(default_factory=dict)
+    """(node, port) -> (the ``port_info`` dict, the PortInfo bytes it was read from): the base for
+    Sets; an entry counts only while its dict is the one ``port_info`` holds."""
 
 
 async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Discovery:
@@ -81,6 +89,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
         rec = nodes[guid]
         return rec.desc or f"{guid:#018x}"
 
+    linkup = int(PhysState.LINKUP)
     root_ni = await smp_get(transport, (), NODE_INFO, SmpAttr.NODE_INFO)
     sm_guid = int(root_ni["NodeGUID"])
     sm_port = int(root_ni["LocalPortNum"])
@@ -90,22 +99,29 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
     while frontier:
         # 1. NodeInfo at every path of this level, all in flight together.
         ask = [k for k, item in enumerate(frontier) if item[3] is None]
-        answers = await smp_batch(transport, [(frontier[k][0], Method.GET, SmpAttr.NODE_INFO, 0, b"") for k in ask])
+        res = await smp_batch_dr(
+            transport, Method.GET, SmpAttr.NODE_INFO, [frontier[k][0] for k in ask], np.arange(len(ask))
+        )
+        good = np.flatnonzero(res.ok)
+        decoded = dict(zip(good.tolist(), _NODE_INFO.unpack_rows(res.data[good]), strict=True))
         infos: list[dict[str, Any] | None] = [item[3] for item in frontier]
-        for k, ans in zip(ask, answers, strict=True):
+        for j, k in enumerate(ask):
             path, parent, pport, _ = frontier[k]
-            if isinstance(ans, Exception):
+            ni = decoded.get(j)
+            if ni is None:
                 assert parent is not None
-                errors.append(f"no NodeInfo behind {name_of(parent)} port {pport} (DR {list(path)}): {ans}")
+                errors.append(f"no NodeInfo behind {name_of(parent)} port {pport} (DR {list(path)}): {res.errors[j]}")
                 continue
-            ni = NODE_INFO.unpack(ans)
             bad = nodeinfo_problem(ni)
             if bad:
                 errors.append(f"NodeInfo at DR {list(path)} ignored: {bad}")
             else:
                 infos[k] = ni
-        # 2. Links, new nodes, and the details to read for each.
-        details: list[SmpRequest] = []
+        # 2. Links, new nodes, and the details to read for each: one row per SMP.
+        dpaths: list[Path] = []
+        dwhich: list[int] = []
+        dattr: list[int] = []
+        dmod: list[int] = []
         sinks: list[tuple[_NodeRec, str, int]] = []
         for (path, parent, pport, _), ni in zip(frontier, infos, strict=True):
             if ni is None:
@@ -128,31 +144,50 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
                 )
                 nodes[guid] = rec
                 by_path[path] = guid
-                details.append((path, Method.GET, SmpAttr.NODE_DESC, 0, b""))
+            at = len(dpaths)
+            if is_new:
+                dwhich.append(at)
+                dattr.append(SmpAttr.NODE_DESC)
+                dmod.append(0)
                 sinks.append((rec, "desc", 0))
             if rec.type == NodeType.SWITCH:
                 rec.port_guids[0] = int(ni["PortGUID"])
                 if is_new:
-                    details.append((path, Method.GET, SmpAttr.SWITCH_INFO, 0, b""))
+                    dwhich.extend([at] * (rec.nports + 2))
+                    dattr.append(SmpAttr.SWITCH_INFO)
+                    dattr.extend([SmpAttr.PORT_INFO] * (rec.nports + 1))
+                    dmod.append(0)
+                    dmod.extend(range(rec.nports + 1))
                     sinks.append((rec, "switch", 0))
-                    for p in range(rec.nports + 1):
-                        details.append((path, Method.GET, SmpAttr.PORT_INFO, p, b""))
-                        sinks.append((rec, "port", p))
+                    sinks.extend((rec, "port", p) for p in range(rec.nports + 1))
             elif local not in rec.port_guids:
                 # A CA answers PortInfo (modifier 0) for the port the SMP came in on.
                 rec.port_guids[local] = int(ni["PortGUID"])
                 rec.port_paths[local] = path
-                details.append((path, Method.GET, SmpAttr.PORT_INFO, 0, b""))
+                dwhich.append(at)
+                dattr.append(SmpAttr.PORT_INFO)
+                dmod.append(0)
                 sinks.append((rec, "port", local))
-        for (rec, what, mod), ans in zip(sinks, await smp_batch(transport, details), strict=True):
-            if isinstance(ans, Exception):
-                errors.append(f"{rec.desc or hex(rec.guid)}: {what} read failed: {ans}")
-            elif what == "desc":
+            if len(dwhich) > at:
+                dpaths.append(path)
+        res = await smp_batch_dr(transport, Method.GET, np.array(dattr), dpaths, np.array(dwhich), np.array(dmod))
+        # PortInfo rows decoded together (ports of a switch differ in a few bytes).
+        pi_rows = np.flatnonzero(res.ok & (np.array(dattr) == SmpAttr.PORT_INFO))
+        port_infos = dict(zip(pi_rows.tolist(), _PORT_INFO.unpack_rows(res.data[pi_rows]), strict=True))
+        blob = res.data.tobytes()
+        for r, (rec, what, mod) in enumerate(sinks):
+            err = res.errors.get(r)
+            if err is not None:
+                errors.append(f"{rec.desc or hex(rec.guid)}: {what} read failed: {err}")
+                continue
+            ans = blob[r * SMP_DATA_SIZE : (r + 1) * SMP_DATA_SIZE]
+            if what == "desc":
                 rec.desc = node_desc_unpack(ans)
             elif what == "switch":
                 rec.switch_info = SWITCH_INFO.unpack(ans)
             else:
-                rec.port_info[mod] = PORT_INFO.unpack(ans)
+                rec.port_info[mod] = port_infos[r]
+                rec.port_raw[mod] = ans
         nxt: list[tuple[Path, int | None, int | None, dict[str, Any] | None]] = []
         for path, _parent, _pport, _ni in frontier:
             # Expand a node once, from the path that found it first; CAs do not forward.
@@ -169,8 +204,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
             nxt.extend(
                 ((*path, p), rec.guid, p, None)
                 for p in ports
-                if rec.port_info.get(p, {}).get("PortPhysicalState") == PhysState.LINKUP
-                and (rec.guid, p) not in links
+                if rec.port_info.get(p, {}).get("PortPhysicalState") == linkup and (rec.guid, p) not in links
             )
         frontier = nxt
 
@@ -178,12 +212,25 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
     port_paths = {
         (fabric.by_guid(r.guid), p): path for r in nodes.values() for p, path in r.port_paths.items()
     }
-    port_info = {
-        (fabric.by_guid(r.guid), p): pi for r in nodes.values() for p, pi in r.port_info.items()
-    }
+    port_info: dict[tuple[int, int], dict[str, Any]] = {}
+    port_info_raw: dict[tuple[int, int], tuple[dict[str, Any], bytes]] = {}
+    for r in nodes.values():
+        n = fabric.by_guid(r.guid)
+        for p, pi in r.port_info.items():
+            port_info[(n, p)] = pi
+            port_info_raw[(n, p)] = (pi, r.port_raw[p])
     sm_node = fabric.by_guid(sm_guid)
     return Discovery(
-        fabric, paths, sm_node, sm_port, port_paths, sw_info, port_info, errors, transport.stats.sent - sent0
+        fabric,
+        paths,
+        sm_node,
+        sm_port,
+        port_paths,
+        sw_info,
+        port_info,
+        errors,
+        transport.stats.sent - sent0,
+        port_info_raw,
     )
 
 
@@ -245,6 +292,53 @@ def apply_port_info(f: Fabric, n: int, p: int, pi: dict[str, Any]) -> None:
     f.lmc[n, p] = int(pi["LMC"])
 
 
+def apply_port_infos(f: Fabric, where: list[tuple[int, int]], infos: list[dict[str, Any]]) -> None:
+    """:func:`apply_port_info` for many ports at once: ``infos[k]`` read at ``where[k]`` (distinct ports)."""
+    if not where:
+        return
+    n, p = np.array(where, np.intp).T
+
+    def col(name: str) -> npt.NDArray[np.int64]:
+        return np.fromiter((pi[name] for pi in infos), np.int64, len(infos))
+
+    def nonzero_or_kept(name: str, arr: npt.NDArray[Any]) -> None:
+        v = col(name)
+        arr[n, p] = np.where(v != 0, v, arr[n, p])
+
+    nonzero_or_kept("LinkWidthSupported", f.width_cap)
+    nonzero_or_kept("MTUCap", f.mtu_cap)
+    nonzero_or_kept("VLCap", f.vl_cap)
+    caps: dict[tuple[int, int], Speed] = {}
+    actives: dict[tuple[int, int], int] = {}
+    speed_cap, speed_active = [], []
+    for pi in infos:
+        key = (pi["LinkSpeedSupported"], pi["LinkSpeedExtSupported"])
+        cap = caps.get(key)
+        if cap is None:
+            cap = caps[key] = _speed_cap(pi)
+        speed_cap.append(cap)
+        key = (pi["LinkSpeedActive"], pi["LinkSpeedExtActive"])
+        act = actives.get(key)
+        if act is None:
+            try:
+                act = actives[key] = speed_from_portinfo(*key)
+            except ValueError:
+                act = actives[key] = 0
+        speed_active.append(act)
+    f.speed_cap[n, p] = speed_cap
+    f.speed_active[n, p] = speed_active
+    for name, arr in (
+        ("PortState", f.state),
+        ("PortPhysicalState", f.phys_state),
+        ("LinkWidthActive", f.width_active),
+        ("NeighborMTU", f.mtu_active),
+        ("OperationalVLs", f.op_vls),
+        ("LID", f.lid),
+        ("LMC", f.lmc),
+    ):
+        arr[n, p] = col(name)
+
+
 def _build(
     nodes: dict[int, _NodeRec], links: dict[tuple[int, int], tuple[int, int]], errors: list[str]
 ) -> tuple[Fabric, list[Path], dict[int, dict[str, Any]]]:
@@ -278,16 +372,20 @@ def _build(
                 errors.append(f"link {ga:#018x}[{pa}] - {gb:#018x}[{pb}] dropped: {e}")
     f = b.build()
     sw_info: dict[int, dict[str, Any]] = {}
+    where: list[tuple[int, int]] = []
+    infos: list[dict[str, Any]] = []
     for i, r in enumerate(recs):
         if r.switch_info is not None:
             sw_info[i] = r.switch_info
         for p, pi in r.port_info.items():
-            apply_port_info(f, i, p, pi)
+            where.append((i, p))
+            infos.append(pi)
         if r.type != NodeType.SWITCH:
             # A CA port never reached has no known GUID: it is not an end port (yet).
             for p in range(1, r.nports + 1):
                 if p not in r.port_guids:
                     f.port_exists[i, p] = False
+    apply_port_infos(f, where, infos)
     # Ports whose PortInfo says the link is down keep no cable in the model.
     up = f.phys_state == PhysState.LINKUP
     stale = (f.peer_node >= 0) & ~up

@@ -19,17 +19,18 @@ it again, and the rest goes on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from fabric.mad import LFT_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, Method, SmpAttr, lft_block_unpack
+from fabric.mad import LFT_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, Method, SmpAttr
 from fabric.model import NodeType, PortState
 from sm.discover import Discovery, Path
 from sm.lidmap import LidMap
 from sm.links import LinkPlan
 from sm.routing.base import NO_ROUTE, Lft
-from sm.smp import SmpRequest, smp_batch
+from sm.smp import RowCodec, SmpRequest, smp_batch, smp_batch_dr
 from sm.transport.base import WindowedTransport
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
@@ -65,12 +66,15 @@ def lft_block_diff(new: npt.NDArray[np.uint8], held: npt.NDArray[np.uint8] | Non
     return np.flatnonzero(diff)
 
 
-def _port_route(d: Discovery, node: int, port: int) -> tuple[Path, int]:
-    """(DR path, attribute modifier) that reaches PortInfo of (node, port)."""
-    f = d.fabric
-    if f.node_type[node] == NodeType.SWITCH:
-        return d.paths[node], port
-    return d.port_paths.get((node, port), d.paths[node]), 0
+_PORT_INFO = RowCodec(PORT_INFO)
+_NO_CHANGE = {"PortState": 0, "PortPhysicalState": 0}
+"""PortInfo Set values that ask for no state change (IBA 14.2.5.6)."""
+
+
+_STATE_MASK = np.full(PORT_INFO.size, 0xFF, np.uint8)
+_STATE_MASK[32], _STATE_MASK[33] = 0xF0, 0x0F
+"""PortInfo bits a Set is not echoed in: PortState (byte 32 low nibble) and PortPhysicalState
+(byte 33 high nibble), which the Set left alone (0) or asked to change."""
 
 
 async def program_fabric(
@@ -102,24 +106,113 @@ async def _port_info_sets(
     targets: list[tuple[int, int, dict[str, int]]],
     what: str,
 ) -> list[tuple[int, int, dict[str, int], str | None]]:
-    """PortInfo Set ``want`` over what was read, on every (node, port); (node, port, want, failure)."""
-    reqs: list[SmpRequest] = []
-    for node, port, want in targets:
-        path, mod = _port_route(d, node, port)
-        values = dict(d.port_info.get((node, port), {}))
-        values.update(PortState=0, PortPhysicalState=0)
-        values.update(want)
-        reqs.append((path, Method.SET, SmpAttr.PORT_INFO, mod, PORT_INFO.pack(values)))
+    """PortInfo Set ``want`` over what was read, on every (node, port); (node, port, want, failure).
+
+    The Sets are built as one array (the bases as read, then each field
+    written for the rows that set it) and the GetResps checked as one. What a
+    port now holds is the PortInfo as read with the Set's values and the
+    state from the answer, plus only those fields whose bytes the answer shows
+    changed: no whole decode per port.
+    """
+    n = len(targets)
+    if not n:
+        return []
+    f = d.fabric
+    is_switch = (f.node_type == NodeType.SWITCH).tolist()
+    paths, port_paths = d.paths, d.port_paths
+    port_info, port_info_raw = d.port_info, d.port_info_raw
+    routes: list[Path] = list(paths)
+    extra: dict[Path, int] = {}
+    which: list[int] = []
+    mods: list[int] = []
+    reads: list[dict[str, Any]] = []
+    exact: list[bool] = []
+    raws: list[bytes] = []
+    groups: dict[tuple[str, ...], list[int]] = {}
+    empty: dict[str, Any] = {}
+    for r, (node, port, want) in enumerate(targets):
+        key = (node, port)
+        if is_switch[node]:
+            which.append(node)
+            mods.append(port)
+        else:
+            path = port_paths.get(key)
+            if path is None or path == paths[node]:
+                which.append(node)
+            else:
+                k = extra.get(path)
+                if k is None:
+                    k = extra[path] = len(routes)
+                    routes.append(path)
+                which.append(k)
+            mods.append(0)
+        # The base: the PortInfo bytes as read (or as the last Set left them) when they are at hand.
+        read = port_info.get(key, empty)
+        entry = port_info_raw.get(key)
+        if entry is not None and entry[0] is read:
+            raws.append(entry[1])
+            exact.append(True)
+        else:
+            raws.append(PORT_INFO.pack(read))
+            exact.append(False)
+        reads.append(read)
+        sig = tuple(want)
+        rows = groups.get(sig)
+        if rows is None:
+            groups[sig] = [r]
+        else:
+            rows.append(r)
+    data = np.frombuffer(b"".join(raws), np.uint8).reshape(n, PORT_INFO.size).copy()
+    _PORT_INFO.clear_reserved(data)
+    everyone = range(n)
+    _PORT_INFO.patch_rows(data, "PortPhysicalState", everyone, [0] * n)
+    _PORT_INFO.patch_rows(data, "PortState", everyone, [w.get("PortState", 0) for _, _, w in targets])
+    for sig, rows in groups.items():
+        for name in sig:
+            if name not in _NO_CHANGE:
+                _PORT_INFO.patch_rows(data, name, rows, [targets[r][2][name] for r in rows])
+    res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, np.array(which), np.array(mods), data)
+    # Where an answer differs from what was sent, PortState and PortPhysicalState aside
+    # (switch ports 1..N, e.g., show port 0's LID): only the fields in those bytes are decoded.
+    differs = ((res.data ^ data) & _STATE_MASK) != 0
+    odd: dict[int, tuple[str, ...]] = {}
+    rows_odd = np.flatnonzero(differs.any(axis=1) & res.ok)
+    if rows_odd.size:
+        patterns: dict[bytes, tuple[str, ...]] = {}
+        for r, key in zip(rows_odd.tolist(), np.packbits(differs[rows_odd], axis=1), strict=True):
+            k = key.tobytes()
+            fields = patterns.get(k)
+            if fields is None:
+                at = {f: None for j in np.flatnonzero(differs[r]).tolist() for f in _PORT_INFO.fields_at(j)}
+                fields = patterns[k] = tuple(at)
+            odd[r] = fields
+    blob = res.data.tobytes()
+    states = (res.data[:, 32] & 0x0F).tolist()
+    phys = (res.data[:, 33] >> 4).tolist()
+    size = PORT_INFO.size
     out: list[tuple[int, int, dict[str, int], str | None]] = []
-    name = d.fabric.port_name
-    for (node, port, want), ans in zip(targets, await smp_batch(transport, reqs), strict=True):
-        if isinstance(ans, Exception):
-            out.append((node, port, want, f"{name(node, port)}: PortInfo Set {what} failed: {ans}"))
+    name_of = f.port_name
+    errors = res.errors
+    for r, (node, port, want) in enumerate(targets):
+        err = errors.get(r)
+        if err is not None:
+            out.append((node, port, want, f"{name_of(node, port)}: PortInfo Set {what} failed: {err}"))
             continue
-        got = PORT_INFO.unpack(ans)
-        d.port_info[(node, port)] = got  # later Sets build on what the port now holds
+        ans = blob[r * size : (r + 1) * size]
+        fields = odd.get(r, ())
+        if exact[r] and len(fields) <= 8:
+            # What the port holds: the fields as read, the Set's values, the new state,
+            # and whatever else the answer shows changed.
+            got = reads[r] | want
+            got["PortState"], got["PortPhysicalState"] = states[r], phys[r]
+            if fields:
+                got.update(_PORT_INFO.get_fields(ans, fields))
+        else:
+            got = PORT_INFO.unpack(ans)
         bad = {k: (v, got.get(k)) for k, v in want.items() if got.get(k) != v}
-        out.append((node, port, want, f"{name(node, port)}: PortInfo Set {what} not taken: {bad}" if bad else None))
+        port_info[(node, port)] = got  # later Sets build on what the port now holds
+        port_info_raw[(node, port)] = (got, ans)
+        out.append((node, port, want, f"{name_of(node, port)}: PortInfo Set {what} not taken: {bad}" if bad else None))
     return out
 
 
@@ -146,35 +239,50 @@ async def _set_port_infos(
         if r is not None and (r.get("MasterSMLID") != sm_lid or r.get("GIDPrefix") != prefix):
             cand[n, p] = True
     targets: list[tuple[int, int, dict[str, int]]] = []
-    for node, port in np.argwhere(cand).tolist():
-        read = d.port_info.get((node, port))
+    chosen: list[int] = []
+    cn, cp = np.nonzero(cand)
+    armable = up[cn, cp] & (cp != 0) & (f.state[cn, cp] == PortState.INIT)
+    is_end, lid, mtu, vls = endport[cn, cp], lids.base[cn, cp], links.mtu[cn, cp], links.op_vls[cn, cp]
+    lmc, armed = lids.lmc, int(PortState.ARMED)
+    port_info = d.port_info
+    columns = (cn, cp, is_end, lid, mtu, vls, armable)
+    for k, (node, port, e, lid_k, mtu_k, vls_k, arm) in enumerate(zip(*(c.tolist() for c in columns), strict=True)):
+        read = port_info.get((node, port))
         if read is None:
             continue
-        want: dict[str, int] = {}
-        if endport[node, port]:
-            want.update(LID=int(lids.base[node, port]), LMC=lids.lmc, MasterSMLID=sm_lid, GIDPrefix=prefix)
-        if links.mtu[node, port]:
-            want.update(NeighborMTU=int(links.mtu[node, port]), OperationalVLs=int(links.op_vls[node, port]))
-        # A trained link in INIT is armed by the same Set; ACTIVE follows once the LFTs are in.
-        if up[node, port] and port != 0 and f.state[node, port] == PortState.INIT:
-            want["PortState"] = int(PortState.ARMED)
         # Only what differs from what the port holds is sent.
-        if want and any(read.get(k) != v for k, v in want.items()):
+        g = read.get
+        if e:
+            want = {"LID": lid_k, "LMC": lmc, "MasterSMLID": sm_lid, "GIDPrefix": prefix}
+            differs = g("LID") != lid_k or g("LMC") != lmc or g("MasterSMLID") != sm_lid or g("GIDPrefix") != prefix
+        else:
+            want, differs = {}, False
+        if mtu_k:
+            want["NeighborMTU"], want["OperationalVLs"] = mtu_k, vls_k
+            differs = differs or g("NeighborMTU") != mtu_k or g("OperationalVLs") != vls_k
+        # A trained link in INIT is armed by the same Set; ACTIVE follows once the LFTs are in.
+        if arm:
+            want["PortState"] = armed
+            differs = differs or g("PortState") != armed
+        if differs:
             targets.append((node, port, want))
-    for node, port, want, failure in await _port_info_sets(transport, d, targets, "config"):
-        if failure:
-            rep.failures.append(failure)
-            continue
-        rep.port_sets += 1
-        if "LID" in want:
-            f.lid[node, port] = want["LID"]
-            f.lmc[node, port] = lids.lmc
-        if "NeighborMTU" in want:
-            f.mtu_active[node, port] = want["NeighborMTU"]
-            f.op_vls[node, port] = want["OperationalVLs"]
-        if "PortState" in want:
-            f.state[node, port] = want["PortState"]
-            rep.armed += 1
+            chosen.append(k)
+    results = await _port_info_sets(transport, d, targets, "config")
+    ok = np.array([failure is None for *_, failure in results], bool)
+    rep.failures += [failure for *_, failure in results if failure is not None]
+    rep.port_sets += int(ok.sum())
+    # What the ports now hold, into the model in one go per field.
+    sel = np.array(chosen, np.intp)[ok]
+    n, p = cn[sel], cp[sel]
+    m = is_end[sel]
+    f.lid[n[m], p[m]] = lid[sel][m]
+    f.lmc[n[m], p[m]] = lmc
+    m = mtu[sel] != 0
+    f.mtu_active[n[m], p[m]] = mtu[sel][m]
+    f.op_vls[n[m], p[m]] = vls[sel][m]
+    m = armable[sel]
+    f.state[n[m], p[m]] = armed
+    rep.armed += int(m.sum())
 
 
 async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, rep: ProgramReport) -> None:
@@ -213,8 +321,8 @@ async def _set_blocks(
     nblocks = -(-lft.shape[1] // LFT_BLOCK_SIZE)
     padded = np.full((lft.shape[0], nblocks * LFT_BLOCK_SIZE), NO_ROUTE, np.uint8)
     padded[:, : lft.shape[1]] = lft
-    jobs: list[tuple[int, int, npt.NDArray[np.uint8]]] = []
-    reqs: list[SmpRequest] = []
+    per_switch: list[npt.NDArray[np.intp]] = []
+    curs: list[npt.NDArray[np.uint8]] = []
     for row, node in enumerate(f.switches.tolist()):
         guid = int(f.node_guid[node])
         cur = held.get(guid)
@@ -225,38 +333,44 @@ async def _set_blocks(
             if cur is not None:
                 grown[: cur.shape[0]] = cur[: grown.shape[0]]
             cur = held[guid] = grown
-        chunks = padded[row].reshape(-1, LFT_BLOCK_SIZE)
-        for b in blocks.tolist():
-            jobs.append((node, b, cur))
-            reqs.append((d.paths[node], Method.SET, SmpAttr.LFT, b, chunks[b].tobytes()))
-    for (node, b, cur), (*_, data), ans in zip(jobs, reqs, await smp_batch(transport, reqs), strict=True):
+        per_switch.append(blocks)
+        curs.append(cur)
+    counts = np.array([b.size for b in per_switch], np.intp)
+    rows = np.repeat(np.arange(len(per_switch)), counts)
+    blocks = np.concatenate(per_switch) if per_switch else np.zeros(0, np.intp)
+    data = padded.reshape(padded.shape[0], nblocks, LFT_BLOCK_SIZE)[rows, blocks]
+    nodes = f.switches[rows]
+    res = await smp_batch_dr(transport, Method.SET, SmpAttr.LFT, d.paths, nodes, blocks, data)
+    # The GetResp holds what was set: the common case, checked for all blocks at once.
+    good = res.ok & (res.data == data).all(axis=1)
+    rep.blocks_sent += int(good.sum())
+    ends = np.cumsum(counts)
+    for row, (cur, start, end) in enumerate(zip(curs, ends - counts, ends, strict=True)):
+        if start == end:
+            continue
+        g = good[start:end]
+        cur[: padded.shape[1]].reshape(-1, LFT_BLOCK_SIZE)[per_switch[row][g]] = data[start:end][g]
+    for j in np.flatnonzero(~good).tolist():
+        node, b, cur = int(nodes[j]), int(blocks[j]), curs[rows[j]]
         lo = b * LFT_BLOCK_SIZE
         where = f"{f.names[node]}: LFT block {b} (LIDs {lo}..{lo + LFT_BLOCK_SIZE - 1})"
-        if isinstance(ans, Exception):
-            rep.failures.append(f"{where} Set failed: {ans}")
+        err = res.errors.get(j)
+        if err is not None:
+            rep.failures.append(f"{where} Set failed: {err}")
             cur[lo : lo + LFT_BLOCK_SIZE] = NO_ROUTE ^ 1  # unknown: differs from anything we'd send
-        elif lft_block_unpack(ans) != data:
-            rep.failures.append(f"{where} reads back different")
-            cur[lo : lo + LFT_BLOCK_SIZE] = np.frombuffer(lft_block_unpack(ans), np.uint8)
         else:
-            cur[lo : lo + LFT_BLOCK_SIZE] = np.frombuffer(data, np.uint8)
-            rep.blocks_sent += 1
+            rep.failures.append(f"{where} reads back different")
+            cur[lo : lo + LFT_BLOCK_SIZE] = res.data[j]
 
 
 async def _activate(transport: WindowedTransport, d: Discovery, rep: ProgramReport) -> None:
     """ARMED -> ACTIVE on every up port, now that the LFTs are in."""
     f = d.fabric
-    targets = [
-        (
-            n,
-            p,
-            {"PortState": int(PortState.ACTIVE)},
-        )
-        for n, p in np.argwhere(f.up_mask() & (f.state == PortState.ARMED)).tolist()
-    ]
-    for node, port, _, failure in await _port_info_sets(transport, d, targets, "ACTIVE"):
-        if failure:
-            rep.failures.append(failure)
-        else:
-            f.state[node, port] = PortState.ACTIVE
-            rep.activated += 1
+    active = int(PortState.ACTIVE)
+    cn, cp = np.nonzero(f.up_mask() & (f.state == PortState.ARMED))
+    targets = [(n, p, {"PortState": active}) for n, p in zip(cn.tolist(), cp.tolist(), strict=True)]
+    results = await _port_info_sets(transport, d, targets, "ACTIVE")
+    ok = np.array([failure is None for *_, failure in results], bool)
+    rep.failures += [failure for *_, failure in results if failure is not None]
+    f.state[cn[ok], cp[ok]] = active
+    rep.activated += int(ok.sum())

@@ -3,14 +3,42 @@
 A route is a directed-route path (tuple of output ports) or a LID; the
 request is built as a DR or a LID-routed SMP accordingly. A non-zero
 status raises :class:`SmpError` naming route, attribute and status.
+
+Two batch paths, the same MADs and checks: :func:`smp_batch` takes one
+request tuple per SMP (mixed routes, methods and attributes) and joins each
+MAD from cached pieces; :func:`smp_batch_dr` takes directed-route SMPs as
+arrays (path index, modifier, data per row) and builds and checks them as one
+(rows, 256) array, for the big stages (LFT blocks, PortInfo Sets, discovery
+levels). :class:`RowCodec` reads and writes attribute fields over such rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from fabric.errors import IbfmError
-from fabric.mad import SMP_DATA_SIZE, Layout, Method, parse_mad, smp_dr, smp_lid
+from fabric.mad import (
+    BASE_VERSION,
+    DATA_OFFSET,
+    INITIAL_PATH_OFFSET,
+    MAD_SIZE,
+    MAX_DR_HOPS,
+    SMP_DATA_SIZE,
+    Layout,
+    Method,
+    MgmtClass,
+    parse_mad,
+    smp_dr,
+    smp_lid,
+)
+from fabric.mad.constants import SMP_CLASS_VERSION
 from fabric.mad.fields import FieldValue
 from sm.transport.base import Route, WindowedTransport, describe_route
 
@@ -65,35 +93,372 @@ async def _exchange(
 SmpRequest = tuple[Route, int, int, int, bytes]
 """(route, method, attribute ID, attribute modifier, data)."""
 
+_U16 = struct.Struct(">H")
+_DR_TAIL = bytes(8) + b"\xff\xff\xff\xff" + bytes(DATA_OFFSET - 36)
+"""DR SMP bytes 24..63: M_Key 0, DrSLID and DrDLID permissive, reserved."""
+_SUBN_DR = int(MgmtClass.SUBN_DR)
+_SUBN_LID = int(MgmtClass.SUBN_LID)
+
+
+def _dr_paths_block(path: tuple[int, ...]) -> bytes:
+    """InitialPath (slots 1..hop count) and an empty ReturnPath: bytes 128..255 of a DR SMP."""
+    if len(path) > MAX_DR_HOPS:
+        raise ValueError(path)
+    return (b"\0" + bytes(path)).ljust(MAD_SIZE - INITIAL_PATH_OFFSET, b"\0")
+
+
+def build_smps(requests: Sequence[SmpRequest]) -> list[tuple[bytes, Route]]:
+    """The request MADs (TID 0) of ``requests``, ready for ``send_many``.
+
+    Directed-route SMPs are joined from cached pieces (header per method,
+    attribute and hop count; path bytes per path), byte for byte what
+    :func:`~fabric.mad.smp_dr` builds; anything odd goes through the
+    checked builders, which name the problem.
+    """
+    heads: dict[tuple[int, int, int], bytes] = {}
+    paths: dict[tuple[int, ...], bytes] = {}
+    join = b"".join
+    out: list[tuple[bytes, Route]] = []
+    append = out.append
+    for route, method, attr_id, attr_mod, data in requests:
+        if isinstance(route, int):
+            append((smp_lid(method, attr_id, attr_mod, 0, data), route))
+            continue
+        try:
+            key = (method, attr_id, len(route))
+            head = heads.get(key)
+            if head is None:
+                head = heads[key] = (
+                    bytes((BASE_VERSION, _SUBN_DR, SMP_CLASS_VERSION, method, 0, 0, 0, len(route)))
+                    + bytes(8)
+                    + _U16.pack(attr_id)
+                    + b"\0\0"
+                )
+            block = paths.get(route)
+            if block is None:
+                block = paths[route] = _dr_paths_block(route)
+            if len(data) != SMP_DATA_SIZE:
+                if len(data) > SMP_DATA_SIZE:
+                    raise ValueError(data)
+                data = data.ljust(SMP_DATA_SIZE, b"\0")
+            append((join((head, attr_mod.to_bytes(4, "big"), _DR_TAIL, data, block)), route))
+        except (ValueError, OverflowError, TypeError, AttributeError, struct.error):
+            append((smp_dr(method, attr_id, attr_mod, 0, route, data), route))  # raises MadError naming it
+    return out
+
 
 async def smp_batch(transport: WindowedTransport, requests: list[SmpRequest]) -> list[bytes | IbfmError]:
     """Send every SMP under the window; per request the attribute data, or the error naming it."""
-    mads = [
-        (
-            smp_lid(m, a, mod, 0, data) if isinstance(route, int) else smp_dr(m, a, mod, 0, route, data),
-            route,
-        )
-        for route, m, a, mod, data in requests
-    ]
-    answers = await transport.send_many(mads)
+    answers = await transport.send_many(build_smps(requests))
     out: list[bytes | IbfmError] = []
+    append = out.append
     for (route, method, attr_id, attr_mod, _), ans in zip(requests, answers, strict=True):
-        if not isinstance(ans, bytes):
-            out.append(ans if isinstance(ans, IbfmError) else SmpError(f"{describe_route(route)}: {ans}"))
-            continue
-        try:
-            resp = parse_mad(ans)
-        except IbfmError as e:
-            out.append(SmpError(f"{describe_route(route)}: malformed answer: {e}"))
-            continue
-        if resp.attr_id != attr_id or resp.status:
-            out.append(
-                SmpError(
-                    f"{describe_route(route)}: {'Set' if method == Method.SET else 'Get'} of attribute "
-                    f"{attr_id:#06x} modifier {attr_mod:#x} answered status {resp.status:#06x}"
-                    + (f" for attribute {resp.attr_id:#06x}" if resp.attr_id != attr_id else "")
-                )
+        # The common case read straight off the bytes: a whole MAD of the class sent, the
+        # attribute asked for, status 0 (DR: the D bit is not status) and a sane hop count.
+        if (
+            type(ans) is bytes
+            and len(ans) == MAD_SIZE
+            and ans[0] == BASE_VERSION
+            and ans[16] == attr_id >> 8
+            and ans[17] == attr_id & 0xFF
+            and not ans[5]
+            and (
+                (ans[1] == _SUBN_DR and not ans[4] & 0x7F and ans[7] <= MAX_DR_HOPS and ans[6] <= ans[7] + 1)
+                or (ans[1] == _SUBN_LID and not ans[4])
             )
-            continue
-        out.append(resp.data)
+        ):
+            append(ans[DATA_OFFSET : DATA_OFFSET + SMP_DATA_SIZE])
+        else:
+            append(_check_answer(route, method, attr_id, attr_mod, ans))
     return out
+
+
+def _check_answer(route: Route, method: int, attr_id: int, attr_mod: int, ans: object) -> bytes | IbfmError:
+    """The full check of an answer, naming what is wrong."""
+    if not isinstance(ans, bytes):
+        return ans if isinstance(ans, IbfmError) else SmpError(f"{describe_route(route)}: {ans}")
+    try:
+        resp = parse_mad(ans)
+    except IbfmError as e:
+        return SmpError(f"{describe_route(route)}: malformed answer: {e}")
+    if resp.attr_id != attr_id or resp.status:
+        return SmpError(
+            f"{describe_route(route)}: {'Set' if method == Method.SET else 'Get'} of attribute "
+            f"{attr_id:#06x} modifier {attr_mod:#x} answered status {resp.status:#06x}"
+            + (f" for attribute {resp.attr_id:#06x}" if resp.attr_id != attr_id else "")
+        )
+    return resp.data
+
+
+@dataclass
+class SmpAnswers:
+    """Answers of :func:`smp_batch_dr`, one row per request."""
+
+    ok: npt.NDArray[np.bool_]
+    """Answered with status 0 for the attribute asked."""
+    data: npt.NDArray[np.uint8]
+    """(rows, 64) attribute data; zero where not ``ok``."""
+    errors: dict[int, IbfmError]
+    """Row -> the error naming route, attribute and status, for every row not ``ok``."""
+
+
+_NO_ANSWER = bytes(MAD_SIZE)
+
+
+def _path_blocks(
+    paths: Sequence[tuple[int, ...]], used: npt.NDArray[np.intp], method: int, attr_id: int
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """InitialPath (slots 1..hop count) of ``paths[used[k]]`` as rows of a (k, 128) array, and the hop counts."""
+    chosen = [paths[w] for w in used.tolist()]
+    hops = np.fromiter(map(len, chosen), np.intp, len(chosen))
+    block = np.zeros((len(chosen), MAD_SIZE - INITIAL_PATH_OFFSET), np.uint8)
+    total = int(hops.sum())
+    try:
+        if hops.size and int(hops.max()) > MAX_DR_HOPS:
+            raise ValueError("too many hops")
+        ports = np.fromiter(itertools.chain.from_iterable(chosen), np.int64, total)
+        if total and (ports.min() < 0 or ports.max() > 255):
+            raise ValueError("port out of range")
+    except (ValueError, TypeError, OverflowError):
+        for path in chosen:  # find the one to name
+            try:
+                _dr_paths_block(tuple(path))
+            except (ValueError, TypeError, OverflowError):
+                smp_dr(method, attr_id, 0, 0, path)  # raises MadError naming the path
+        raise
+    starts = np.cumsum(hops) - hops
+    rows = np.repeat(np.arange(len(chosen)), hops)
+    block[rows, 1 + np.arange(total) - np.repeat(starts, hops)] = ports
+    return block, hops.astype(np.uint8)
+
+
+async def smp_batch_dr(
+    transport: WindowedTransport,
+    method: int,
+    attr_id: int | npt.NDArray[np.integer[Any]],
+    paths: Sequence[tuple[int, ...]],
+    which: npt.NDArray[np.integer[Any]],
+    attr_mod: npt.NDArray[np.integer[Any]] | int = 0,
+    data: npt.NDArray[np.uint8] | None = None,
+) -> SmpAnswers:
+    """Directed-route SMPs of one method, one per row, built and checked as arrays.
+
+    Row ``r`` asks for attribute ``attr_id`` (or ``attr_id[r]``) along
+    ``paths[which[r]]`` with modifier ``attr_mod[r]`` and data ``data[r]`` (64
+    bytes). The 256-byte MADs are written as one (rows, 256) array, the answers
+    read back as one; only rows that failed are looked at one by one, to name
+    what went wrong. Same MADs, same checks as :func:`smp_batch`.
+    """
+    which = np.asarray(which, np.intp)
+    n = which.shape[0]
+    if n == 0:
+        return SmpAnswers(np.zeros(0, bool), np.zeros((0, SMP_DATA_SIZE), np.uint8), {})
+    attrs = np.broadcast_to(np.asarray(attr_id, np.int64), (n,))
+    if attrs.min() < 0 or attrs.max() > 0xFFFF:
+        smp_dr(method, int(attrs[(attrs < 0) | (attrs > 0xFFFF)][0]), 0, 0, ())  # raises MadError
+    used, slot = np.unique(which, return_inverse=True)
+    block, hops = _path_blocks(paths, used, method, int(attrs[0]))
+    mads = np.zeros((n, MAD_SIZE), np.uint8)
+    mads[:, :4] = (BASE_VERSION, _SUBN_DR, SMP_CLASS_VERSION, method)
+    mads[:, 7] = hops[slot]
+    mads[:, 16] = attrs >> 8
+    mads[:, 17] = attrs & 0xFF
+    mods = np.broadcast_to(np.asarray(attr_mod, np.int64), (n,))
+    if mods.min() < 0 or mods.max() > 0xFFFFFFFF:
+        smp_dr(method, int(attrs[0]), int(mods[(mods < 0) | (mods > 0xFFFFFFFF)][0]), 0, ())  # raises MadError
+    mads[:, 20:24] = mods.astype(">u4").view(np.uint8).reshape(n, 4)
+    mads[:, 32:36] = 0xFF  # DrSLID, DrDLID permissive
+    if data is not None:
+        mads[:, DATA_OFFSET : DATA_OFFSET + SMP_DATA_SIZE] = data
+    mads[:, INITIAL_PATH_OFFSET:] = block[slot]
+    blob = mads.tobytes()
+    wl = which.tolist()
+    reqs = [(blob[i * MAD_SIZE : (i + 1) * MAD_SIZE], paths[w]) for i, w in enumerate(wl)]
+    answers = await transport.send_many(reqs)
+    got = np.frombuffer(
+        b"".join(a if type(a) is bytes and len(a) == MAD_SIZE else _NO_ANSWER for a in answers), np.uint8
+    ).reshape(n, MAD_SIZE)
+    ok = (
+        (got[:, 0] == BASE_VERSION)
+        & (got[:, 1] == _SUBN_DR)
+        & (got[:, 16] == attrs >> 8)
+        & (got[:, 17] == attrs & 0xFF)
+        & (got[:, 4] & 0x7F == 0)
+        & (got[:, 5] == 0)
+        & (got[:, 7] <= MAX_DR_HOPS)
+        & (got[:, 6] <= got[:, 7].astype(np.int16) + 1)
+    )
+    out = np.where(ok[:, None], got[:, DATA_OFFSET : DATA_OFFSET + SMP_DATA_SIZE], 0).astype(np.uint8)
+    errors: dict[int, IbfmError] = {}
+    for r in np.flatnonzero(~ok).tolist():
+        res = _check_answer(paths[wl[r]], method, int(attrs[r]), int(mods[r]), answers[r])
+        if isinstance(res, bytes):  # (cannot happen: the fast check is the full one's subset)
+            ok[r] = True
+            out[r] = np.frombuffer(res, np.uint8)
+        else:
+            errors[r] = res
+    return SmpAnswers(ok, out, errors)
+
+
+class RowCodec:
+    """An attribute layout applied to many attributes at once, as rows of a (rows, size) array.
+
+    ``unpack_rows`` decodes them all (a row as the one before it, with only
+    the fields that differ read again); ``patch_rows`` writes one field into
+    chosen rows; ``patch`` sets a few
+    fields of one attribute's bytes as ``Layout.pack(values, base=...)`` would;
+    ``fields_at`` and ``get_fields`` read back only the fields some bytes hold
+    (cheaper than a whole ``unpack`` when an answer differs from what was sent
+    in a byte or two). Bits of no field (reserved) come out zero, as ``pack`` leaves them.
+    A value that does not fit, or an unknown name, goes to ``Layout.pack``,
+    which raises naming the field.
+    """
+
+    __slots__ = ("_at", "_bytes", "_known", "_known_bytes", "_layout", "_size", "_spec")
+
+    def __init__(self, layout: Layout) -> None:
+        bits = layout.size * 8
+        self._layout = layout
+        self._size = layout.size
+        self._spec: dict[str, tuple[int, int]] = {}
+        known = 0
+        for f in layout.fields:
+            shift = bits - f.offset - f.width
+            known |= ((1 << f.width) - 1) << shift
+            if not f.is_bytes:
+                self._spec[f.name] = (shift, f.max_value)
+        self._known = known
+        self._known_bytes = np.frombuffer(known.to_bytes(self._size, "big"), np.uint8)
+        # Per integer field within 8 bytes: (first byte, last byte + 1, shift in that word, mask).
+        self._bytes: dict[str, tuple[int, int, int, int]] = {}
+        for f in layout.fields:
+            first, last = f.offset // 8, (f.offset + f.width + 7) // 8
+            if not f.is_bytes and last - first <= 8:
+                self._bytes[f.name] = (first, last, last * 8 - f.offset - f.width, f.max_value)
+        at: list[list[str]] = [[] for _ in range(self._size)]
+        for f in layout.fields:
+            for j in range(f.offset // 8, (f.offset + f.width + 7) // 8):
+                at[j].append(f.name)
+        self._at = tuple(tuple(x) for x in at)
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def patch(self, base: bytes, values: Mapping[str, int]) -> bytes:
+        """``base`` with ``values`` written over it (reserved bits cleared)."""
+        if len(base) != self._size:
+            raise SmpError(f"{self._layout.name}: base is {len(base)} bytes, needs {self._size}")
+        x = int.from_bytes(base, "big") & self._known
+        spec = self._spec
+        try:
+            for name, v in values.items():
+                shift, mask = spec[name]
+                if v < 0 or v > mask:
+                    raise ValueError(name)
+                x = x & ~(mask << shift) | v << shift
+        except (KeyError, ValueError, TypeError):
+            self._layout.pack(dict(values), base=base)  # raises FieldValueError naming the field
+            raise
+        return x.to_bytes(self._size, "big")
+
+    def clear_reserved(self, rows: npt.NDArray[np.uint8]) -> None:
+        """Zero the bits of no field in every row of a (rows, size) array, as ``pack`` leaves them."""
+        rows &= self._known_bytes
+
+    def _words(self, rows: npt.NDArray[np.uint8], first: int, last: int) -> npt.NDArray[np.uint64]:
+        """The big-endian word of bytes ``first .. last - 1`` of every row."""
+        word = np.zeros(rows.shape[0], np.uint64)
+        for j in range(first, last):
+            word = word << np.uint64(8) | rows[:, j].astype(np.uint64)
+        return word
+
+    def unpack_rows(self, rows: npt.NDArray[np.uint8]) -> list[dict[str, FieldValue]]:
+        """``Layout.unpack`` of every row of a (rows, >= size) array: equal dicts, same key order.
+
+        Attributes read from many ports of one fabric differ in a few bytes, so
+        a row is decoded as a copy of the row before it with only the fields in
+        the bytes that differ read again; a row unlike the one before is
+        decoded whole.
+        """
+        n = rows.shape[0]
+        if rows.ndim != 2 or rows.shape[1] < self._size:
+            raise SmpError(f"{self._layout.name}: rows of {rows.shape[1:]} bytes, need {self._size}")
+        rows = rows[:, : self._size]
+        out: list[dict[str, FieldValue]] = []
+        if not n:
+            return out
+        blob = np.ascontiguousarray(rows).tobytes()
+        size, unpack = self._size, self._layout.unpack
+        prev = unpack(blob[:size])
+        out.append(prev)
+        if n == 1:
+            return out
+        diff = rows[1:] != rows[:-1]
+        # One id per pattern of differing bytes; per pattern, the fields to read again.
+        keys = np.packbits(diff, axis=1)
+        if keys.shape[1] <= 8:  # one 64-bit word per row: a fast 1-D unique
+            word = np.zeros((keys.shape[0], 8), np.uint8)
+            word[:, : keys.shape[1]] = keys
+            patterns, which = np.unique(word.view(np.uint64).reshape(-1), return_inverse=True)
+        else:
+            patterns, which = np.unique(keys, axis=0, return_inverse=True)
+        plans: list[tuple[tuple[str, int, int], ...] | None] = []
+        for k in range(patterns.shape[0]):
+            first = int(np.flatnonzero(which.reshape(-1) == k)[0])
+            names = {f: None for j in np.flatnonzero(diff[first]).tolist() for f in self._at[j]}
+            spec = self._spec
+            if len(names) > 12 or any(f not in spec for f in names):
+                plans.append(None)  # decoded whole
+            else:
+                plans.append(tuple((f, *spec[f]) for f in names))
+        from_bytes = int.from_bytes
+        for i, k in enumerate(which.reshape(-1).tolist(), start=1):
+            plan = plans[k]
+            if plan is None:
+                prev = unpack(blob[i * size : (i + 1) * size])
+            else:
+                prev = prev.copy()
+                if plan:
+                    x = from_bytes(blob[i * size : (i + 1) * size], "big")
+                    for name, shift, mask in plan:
+                        prev[name] = x >> shift & mask
+            out.append(prev)
+        return out
+
+    def fields_at(self, byte_index: int) -> tuple[str, ...]:
+        """Names of the fields with a bit in byte ``byte_index`` of the attribute."""
+        return self._at[byte_index]
+
+    def get_fields(self, buf: bytes, names: Sequence[str]) -> dict[str, FieldValue]:
+        """Some fields of one attribute, as ``Layout.unpack`` would give them."""
+        x = int.from_bytes(buf[: self._size], "big")
+        out: dict[str, FieldValue] = {}
+        for name in names:
+            spec = self._spec.get(name)
+            if spec is None:
+                out[name] = self._layout.get(buf, name)
+            else:
+                out[name] = x >> spec[0] & spec[1]
+        return out
+
+    def patch_rows(self, rows: npt.NDArray[np.uint8], name: str, which: Sequence[int], values: Sequence[int]) -> None:
+        """Write field ``name`` = ``values[k]`` into row ``which[k]`` of a (rows, size) array, in place."""
+        if name not in self._bytes:
+            raise SmpError(f"{self._layout.name}.{name}: not an integer field within 8 bytes")
+        first, last, shift, mask = self._bytes[name]
+        if values and (min(values) < 0 or max(values) > mask):
+            self._layout.pack({name: next(x for x in values if x < 0 or x > mask)})  # raises, naming the field
+        v = np.array(values, np.uint64)
+        which = np.asarray(which, np.intp)
+        word = self._words(rows[which], first, last)
+        field_mask = np.uint64(mask << shift)
+        word = word & ~field_mask | (v << np.uint64(shift)) & field_mask
+        for j in range(last - 1, first - 1, -1):
+            rows[which, j] = (word & np.uint64(0xFF)).astype(np.uint8)
+            word = word >> np.uint64(8)
+
+    def get(self, buf: bytes, name: str) -> int:
+        """One integer field of the attribute in ``buf``."""
+        shift, mask = self._spec[name]
+        return int.from_bytes(buf[: self._size], "big") >> shift & mask

@@ -14,12 +14,15 @@ and unsolicited MADs (traps) to ``_unsolicited``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from fabric.errors import IbfmError
 
@@ -59,14 +62,52 @@ class TransportStats:
     unsolicited: int = 0
 
 
+class _Batch:
+    """One ``send_many`` call: its requests, results so far, and where the next request starts."""
+
+    __slots__ = ("dead", "future", "left", "loop", "n", "next", "requests", "results", "tmo", "tries")
+
+    def __init__(
+        self,
+        requests: Sequence[tuple[bytes, Route]],
+        tmo: float,
+        tries: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.requests = requests
+        self.n = len(requests)
+        self.results: list[Any] = [None] * self.n
+        self.left = self.n
+        self.next = 0
+        self.tmo = tmo
+        self.tries = tries
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.dead = False
+        """Done, cancelled or closed: nothing more is posted for it."""
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class WindowedTransport(ABC):
     """Window, timeout, retries and TID matching over a raw post/deliver pair.
 
     The window counts every outstanding request, whether sent alone
-    (:meth:`send`) or in a batch (:meth:`send_many`); a freed slot goes to
-    the oldest waiter. Requests are tracked by callbacks and timer handles,
-    not tasks, so a batch of 100,000 SMPs costs no coroutine per SMP.
+    (:meth:`send`) or in a batch (:meth:`send_many`); concurrent batches
+    take freed slots in turn. The bookkeeping is plain data under one lock:
+    ``_pending`` maps TID -> (batch, index, attempt, deadline) for the at most
+    ``window`` requests on the wire, and an answer handed to :meth:`_deliver`
+    posts the next request at once. A subclass whose replies arrive on a
+    thread of its own (``_THREADED``) calls :meth:`_deliver` and
+    :meth:`_expire_due` there, so a batch runs without waking the event loop
+    per MAD; otherwise one loop timer at the earliest deadline does the expiry.
     """
+
+    _THREADED: ClassVar[bool] = False
+    """Replies are delivered on another thread than the event loop's."""
 
     def __init__(self, *, window: int = 64, timeout: float = 0.2, retries: int = 3) -> None:
         if window < 1:
@@ -75,96 +116,161 @@ class WindowedTransport(ABC):
         self.timeout = timeout
         self.retries = retries
         self.stats = TransportStats()
-        self._inflight = 0
-        self._waiters: deque[Callable[[], bool]] = deque()
-        self._pending: dict[int, Callable[[bytes], None]] = {}
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[_Batch, int, int, float]] = {}
+        """TID -> (batch, request index, attempt, deadline) of every request on the wire."""
+        self._ready: deque[_Batch] = deque()
+        """Batches with requests not yet posted, served in turn."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+        self._flush_loop: asyncio.AbstractEventLoop | None = None
+        """The loop a flush is due on (a loop closed before it ran leaves it stale: another loop flushes anew)."""
         self._next_tid = 1
         self._traps: asyncio.Queue[bytes] = asyncio.Queue()
         self._closed = False
-        self._batches: set[asyncio.Future[None]] = set()
+        self._batches: set[_Batch] = set()
 
     # -- subclass side --------------------------------------------------------
 
     @abstractmethod
     def _post(self, mad: bytes, route: Route) -> None:
-        """Put one MAD on the wire (non-blocking); replies come via ``_deliver``."""
+        """Put one MAD on the wire (non-blocking); replies come via ``_deliver``.
+
+        Called with the engine lock held: it must not deliver synchronously.
+        """
 
     async def _close(self) -> None:  # noqa: B027 - optional hook
         """Release the device; called once by :meth:`close`."""
 
     def _deliver(self, mad: bytes) -> None:
-        """A MAD arrived: complete the request it answers, or queue it as unsolicited."""
+        """A MAD arrived: complete the request it answers (and post the next), or queue it as unsolicited.
+
+        Unsolicited MADs go to the trap queue, which belongs to the event loop:
+        a threaded subclass hands those to the loop itself.
+        """
         if len(mad) < 24:
             self.stats.unmatched += 1
             return
         if not mad[3] & _RESPONSE_BIT:
             self._unsolicited(mad)
             return
-        tid = _TID.unpack_from(mad, TID_OFFSET)[0] & 0xFFFFFFFF
-        done = self._pending.pop(tid, None)
-        if done is None:
-            self.stats.unmatched += 1
-            return
-        self.stats.received += 1
-        done(mad)
+        tid = int.from_bytes(mad[12:16], "big")
+        with self._lock:
+            entry = self._pending.pop(tid, None)
+            if entry is None:
+                self.stats.unmatched += 1
+                return
+            self.stats.received += 1
+            b, i, _, _ = entry
+            if self._ready:
+                self._fill()
+            b.results[i] = mad
+            b.left -= 1
+            if not b.left:
+                self._complete(b)
 
     def _unsolicited(self, mad: bytes) -> None:
         self.stats.unsolicited += 1
         self._traps.put_nowait(mad)
 
-    # -- the window -------------------------------------------------------------
+    def _expire_due(self, now: float) -> float | None:
+        """Retry or fail every attempt whose deadline is past; returns the next deadline (None: nothing out).
 
-    def _try_take(self) -> bool:
-        if self._inflight < self.window and not self._waiters:
-            self._inflight += 1
-            return True
-        return False
+        A threaded subclass calls this from its receive thread; here the loop timer does.
+        """
+        with self._lock:
+            pending = self._pending
+            for tid in [t for t, e in pending.items() if e[3] <= now]:
+                b, i, k, _ = pending.pop(tid)
+                if k + 1 < b.tries:
+                    self.stats.retries += 1
+                    self._launch(b, i, k + 1)
+                else:
+                    self.stats.timeouts += 1
+                    mad, route = b.requests[i]
+                    self._finish(b, i, MadTimeout(route, _ATTR.unpack_from(mad, 16)[0], b.tries))
+            if self._ready:
+                self._fill()
+            return min((e[3] for e in pending.values()), default=None)
 
-    def _release(self) -> None:
-        """Hand the slot to the oldest waiter that still wants it, else free it."""
-        while self._waiters:
-            if self._waiters.popleft()():
-                return
-        self._inflight -= 1
+    # -- the engine (called with the lock held) ------------------------------------
 
-    def _launch(
-        self,
-        mad: bytes,
-        route: Route,
-        on_reply: Callable[[bytes], None],
-        on_expire: Callable[[], None],
-        tmo: float,
-    ) -> Callable[[], None]:
-        """Post one attempt under a fresh TID; returns a canceller for its timer and TID."""
-        loop = asyncio.get_running_loop()
-        tid = self._alloc_tid()
-        buf = bytearray(mad)
-        _TID.pack_into(buf, TID_OFFSET, tid)
+    def _fill(self) -> None:
+        """Post requests of the waiting batches, in turn, while the window has room."""
+        pending, ready, window = self._pending, self._ready, self.window
+        while ready and len(pending) < window:
+            b = ready[0]
+            i = b.next
+            b.next = i + 1
+            if b.next >= b.n:
+                ready.popleft()
+            elif len(ready) > 1:
+                ready.rotate(-1)
+            self._launch(b, i, 0)
 
-        def expired() -> None:
-            if self._pending.pop(tid, None) is not None:
-                on_expire()
-
-        timer = loop.call_later(tmo, expired)
-
-        def reply(m: bytes) -> None:
-            timer.cancel()
-            on_reply(m)
-
-        self._pending[tid] = reply
+    def _launch(self, b: _Batch, i: int, attempt: int) -> None:
+        """Post attempt ``attempt`` of request ``i`` of ``b`` under a fresh TID."""
+        mad, route = b.requests[i]
+        tid = self._next_tid
+        self._next_tid = tid + 1 if tid < 0xFFFFFFFF else 1
+        if len(mad) >= 24:
+            mad = mad[:8] + _TID.pack(tid) + mad[16:]
+        deadline = time.monotonic() + b.tmo
+        self._pending[tid] = (b, i, attempt, deadline)
+        if not self._THREADED:
+            timer = self._timer
+            # (A timer of another loop, one that has closed, say, would never fire for this batch.)
+            if timer is None or deadline < timer.when() or self._timer_loop is not b.loop:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = b.loop.call_at(deadline, self._on_timer)
+                self._timer_loop = b.loop
         self.stats.sent += 1
         try:
-            self._post(bytes(buf), route)
-        except BaseException:
-            timer.cancel()
+            self._post(mad, route)
+        except Exception as e:  # reported in the request's result, named
             self._pending.pop(tid, None)
-            raise
+            err = e if isinstance(e, IbfmError) else TransportError(f"{describe_route(route)}: cannot send: {e}")
+            self._finish(b, i, err)
 
-        def cancel() -> None:
-            timer.cancel()
-            self._pending.pop(tid, None)
+    def _finish(self, b: _Batch, i: int, value: Any) -> None:
+        b.results[i] = value
+        b.left -= 1
+        if not b.left:
+            self._complete(b)
 
-        return cancel
+    def _complete(self, b: _Batch) -> None:
+        if b.dead:
+            return
+        b.dead = True
+        if self._THREADED:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                b.loop.call_soon_threadsafe(_resolve, b.future)
+        else:
+            _resolve(b.future)
+
+    def _drop(self, b: _Batch) -> None:
+        """Forget a cancelled batch: its waiting requests and those on the wire (their slots free)."""
+        b.dead = True
+        with contextlib.suppress(ValueError):
+            self._ready.remove(b)
+        for tid in [t for t, e in self._pending.items() if e[0] is b]:
+            del self._pending[tid]
+        if self._ready:
+            self._fill()
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._flush_loop = None
+            if self._ready:
+                self._fill()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        when = self._expire_due(time.monotonic())
+        if when is not None and self._timer is None and not self._closed:
+            loop = self._timer_loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(when, self._on_timer)
 
     # -- caller side ----------------------------------------------------------
 
@@ -172,8 +278,9 @@ class WindowedTransport(ABC):
         """Send a MAD that gets no answer (a TrapRepress), as is: no TID, window or retry."""
         if self._closed:
             raise TransportError("transport is closed")
-        self.stats.sent += 1
-        self._post(mad, route)
+        with self._lock:
+            self.stats.sent += 1
+            self._post(mad, route)
 
     async def send(
         self, mad: bytes, route: Route, *, timeout: float | None = None, retries: int | None = None
@@ -200,96 +307,35 @@ class WindowedTransport(ABC):
         """
         if self._closed:
             raise TransportError("transport is closed")
-        n = len(requests)
-        results: list[Any] = [None] * n
-        if n == 0:
-            return results
+        if not requests:
+            return []
         tmo = self.timeout if timeout is None else timeout
         tries = 1 + (self.retries if retries is None else retries)
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        state = {"next": 0, "left": n}
-        cancels: dict[int, Callable[[], None]] = {}
-
-        def finish(i: int, value: Any) -> None:
-            cancels.pop(i, None)
-            results[i] = value
-            self._release()
-            state["left"] -= 1
-            if state["left"] == 0 and not done.done():
-                done.set_result(None)
-
-        def attempt(i: int, k: int) -> None:
-            mad, route = requests[i]
-            if done.done():
-                return
-
-            def on_reply(m: bytes) -> None:
-                finish(i, m)
-
-            def on_expire() -> None:
-                cancels.pop(i, None)
-                if k + 1 < tries:
-                    self.stats.retries += 1
-                    attempt(i, k + 1)
-                else:
-                    self.stats.timeouts += 1
-                    finish(i, MadTimeout(route, _ATTR.unpack_from(mad, 16)[0], tries))
-
-            try:
-                cancels[i] = self._launch(mad, route, on_reply, on_expire, tmo)
-            except IbfmError as e:
-                finish(i, e)
-            except (ValueError, OSError) as e:
-                finish(i, TransportError(f"{describe_route(route)}: cannot send: {e}"))
-
-        def start_next() -> bool:
-            """Launch the next request on a slot we hold; False if none is left."""
-            i = state["next"]
-            if i >= n or done.done():
-                return False
-            state["next"] = i + 1
-            attempt(i, 0)
-            return True
-
-        def waiter() -> bool:
-            # Called by _release with a slot handed over; keeps one place in the queue.
-            if not start_next():
-                return False
-            if state["next"] < n:
-                self._waiters.append(waiter)
-            return True
-
-        def want_slots() -> None:
-            while state["next"] < n and self._try_take():
-                start_next()
-            if state["next"] < n:
-                self._waiters.append(waiter)
-
-        def forget(_: asyncio.Future[None]) -> None:
-            self._batches.discard(done)
-
-        self._batches.add(done)
-        done.add_done_callback(forget)
-        want_slots()
+        b = _Batch(requests, tmo, tries, asyncio.get_running_loop())
+        self._batches.add(b)
         try:
-            await done
+            with self._lock:
+                self._ready.append(b)
+                if not self._THREADED:
+                    self._fill()
+                elif self._flush_loop is not b.loop:
+                    # Batches handed in during this turn of the loop (a gather of sends) are
+                    # posted together at its end: the window fills before answers free slots.
+                    self._flush_loop = b.loop
+                    b.loop.call_soon(self._flush)
+            await b.future
         except asyncio.CancelledError:
-            for c in list(cancels.values()):
-                c()
-            for _ in range(len(cancels)):
-                self._release()
+            with self._lock:
+                self._drop(b)
             raise
+        finally:
+            self._batches.discard(b)
+        results = b.results
         if raise_first:
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
         return results
-
-    def _alloc_tid(self) -> int:
-        tid = self._next_tid
-        self._next_tid = tid + 1 if tid < 0xFFFFFFFF else 1
-        return tid
 
     async def next_trap(self, timeout: float | None = None) -> bytes | None:
         """The next unsolicited MAD (a trap), or None after ``timeout`` seconds."""
@@ -309,10 +355,17 @@ class WindowedTransport(ABC):
         if self._closed:
             return
         self._closed = True
-        self._pending.clear()
-        for fut in list(self._batches):
-            if not fut.done():
-                fut.set_exception(TransportError("transport closed while requests were outstanding"))
+        with self._lock:
+            for b in self._batches:
+                b.dead = True
+            self._pending.clear()
+            self._ready.clear()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        for b in list(self._batches):
+            if not b.future.done() and not b.loop.is_closed():
+                b.future.set_exception(TransportError("transport closed while requests were outstanding"))
         await self._close()
 
     async def __aenter__(self) -> WindowedTransport:

@@ -6,8 +6,10 @@ also takes unsolicited Trap MADs (trap 128 and friends arrive as
 LID-routed SubnTrap). Sends go out with kernel timeout 0 and no kernel
 retries: :class:`~sm.transport.base.WindowedTransport` owns the window,
 timeouts, retries and TID matching. A receive thread sits in
-``umad_recv`` with a short timeout (so it can stop) and hands MADs to the
-event loop, several per wake-up when they queue up. ``issm=True`` holds the
+``umad_recv`` with a short timeout (so it can stop); it matches each answer
+to its request and posts the next request of the window itself, so a batch
+of SMPs runs without the event loop waking per MAD (it hears of a finished
+batch, and of traps). ``issm=True`` holds the
 port's ``issmN`` device open, which raises PortInfo.CapabilityMask.IsSM as
 a master SM does (ibsim delivers traps only to such a client).
 
@@ -29,9 +31,11 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sm.transport.base import Route, TransportError, WindowedTransport
 
@@ -51,8 +55,9 @@ PORT_STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE"}
 PORT_ACTIVE = 4
 PORT_INIT = 2
 
-_RECV_POLL_MS = 100
-_RECV_BATCH = 64
+_RECV_POLL_S = 0.05
+_DR_ADDR = (PERMISSIVE_LID, 0, 0)
+"""(DLID, QP, Q_Key) of every directed-route SMP."""
 _CA_NAME_LEN = 20
 _MAX_CAS = 32
 _CA_MAX_PORTS = 10
@@ -146,6 +151,17 @@ def _method_mask(*methods: int) -> _MethodMask:
     for m in methods:
         mask[m // bits] |= 1 << (m % bits)
     return mask
+
+
+def _bare(lib: ctypes.CDLL, name: str) -> Any:
+    """``lib.name`` without argtypes, for the per-MAD calls: a third of the call cost.
+
+    Only for functions whose arguments are all C ints and pointers passed as
+    ctypes objects (buffers, ``byref``), and that return int.
+    """
+    fn = lib._FuncPtr((name, lib))
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _err(rc: int) -> str:
@@ -343,6 +359,8 @@ class UmadTransport(WindowedTransport):
     SM runs). With ``issm=True`` the port's IsSM capability bit is raised.
     """
 
+    _THREADED = True
+
     def __init__(
         self,
         ca: str | None = None,
@@ -367,7 +385,10 @@ class UmadTransport(WindowedTransport):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._send_buf: ctypes.Array[ctypes.c_char] | None = None
-        self._send_data = 0
+        self._send_view: memoryview | None = None
+        self._send_addr: tuple[int, int, int] | None = None
+        self._hdr_size = _USER_MAD_HDR
+        self._umad_send: Any = None
         self._trap_sources: OrderedDict[bytes, MadAddress] = OrderedDict()
         self.rx_errors = 0
         self.attrs: PortAttrs | None = None
@@ -441,8 +462,11 @@ class UmadTransport(WindowedTransport):
         # the agents exist crashed libumad2sim's receive thread (seen 10 times in 30 reconnects).
         if self._want_issm:
             self._open_issm(attrs)
-        self._send_buf = ctypes.create_string_buffer(lib.umad_size() + MAD_SIZE)
-        self._send_data = lib.umad_get_mad(self._send_buf)
+        self._hdr_size = lib.umad_size()
+        self._send_buf = ctypes.create_string_buffer(self._hdr_size + MAD_SIZE)
+        self._send_view = memoryview(self._send_buf).cast("B")
+        self._send_addr = None
+        self._umad_send = _bare(lib, "umad_send")
 
     def _open_issm(self, attrs: PortAttrs) -> None:
         assert self._lib is not None
@@ -511,6 +535,9 @@ class UmadTransport(WindowedTransport):
         if self._inited:
             lib.umad_done()
             self._inited = False
+        if self._send_view is not None:
+            self._send_view.release()
+        self._send_view = None
         self._send_buf = None
 
     def close_sync(self) -> None:
@@ -566,66 +593,87 @@ class UmadTransport(WindowedTransport):
     # -- wire -----------------------------------------------------------------
 
     def _post(self, mad: bytes, route: Route) -> None:
-        lib, buf = self._lib, self._send_buf
-        if lib is None or buf is None or self._portid < 0:
+        # Called with the engine lock held (from the loop or the receive thread): one send buffer.
+        view = self._send_view
+        if view is None or self._portid < 0:
             raise TransportError("transport not started")
-        if len(mad) > MAD_SIZE or len(mad) < 24:
-            raise ValueError(f"MAD of {len(mad)} bytes; expected 24..{MAD_SIZE}")
+        n = len(mad)
+        if n > MAD_SIZE or n < 24:
+            raise ValueError(f"MAD of {n} bytes; expected 24..{MAD_SIZE}")
         mclass = mad[1]
-        agent = self._agents.get(mclass, -1)
         if mclass == MGMT_CLASS_SUBN_DR:
             if isinstance(route, int):
                 raise ValueError(f"directed-route SMP needs a path, got LID {route}")
             if mad[7] != len(route):
                 raise ValueError(f"DR SMP hop count {mad[7]} does not match path {list(route)}")
-            dlid, dqp, qkey = PERMISSIVE_LID, 0, 0
+            addr = _DR_ADDR
         elif not isinstance(route, int):
             raise ValueError(f"class {mclass:#04x} MAD needs a destination LID, got path {list(route)}")
         elif mclass == MGMT_CLASS_SUBN_LID:
-            dlid, dqp, qkey = route, 0, 0
+            addr = (route, 0, 0)
         elif mclass == MGMT_CLASS_PERF:
-            dlid, dqp, qkey = route, 1, GSI_QKEY
+            addr = (route, 1, GSI_QKEY)
         else:
             raise ValueError(f"management class {mclass:#04x} is not registered on this transport")
-        # The header was zeroed at allocation; umad_set_addr and umad_send rewrite
-        # every field they use (address, agent, timeout, retries) on each send.
-        lib.umad_set_addr(buf, dlid, dqp, 0, qkey)
-        ctypes.memmove(self._send_data, mad, len(mad))
-        if len(mad) < MAD_SIZE:
-            ctypes.memset(self._send_data + len(mad), 0, MAD_SIZE - len(mad))
-        rc = lib.umad_send(self._portid, agent, buf, MAD_SIZE, 0, 0)
+        lib = self._lib
+        assert lib is not None
+        # The header was zeroed at allocation; umad_send rewrites agent, timeout, retries and
+        # length on each send, and the address only changes with the destination.
+        if addr != self._send_addr:
+            lib.umad_set_addr(self._send_buf, addr[0], addr[1], 0, addr[2])
+            self._send_addr = addr
+        hs = self._hdr_size
+        view[hs : hs + n] = mad
+        if n < MAD_SIZE:
+            view[hs + n : hs + MAD_SIZE] = bytes(MAD_SIZE - n)
+        rc = self._umad_send(self._portid, self._agents[mclass], self._send_buf, MAD_SIZE, 0, 0)
         if rc < 0:
             raise TransportError(f"umad_send on {self.ca_name}/{self.port_num} failed: {_err(rc)}")
 
     def _rx_loop(self) -> None:
-        """Receive thread: umad_recv with a short timeout until told to stop.
+        """Receive thread: umad_recv until told to stop; answers are matched right here.
 
-        After one MAD it drains whatever else is queued (timeout 0) and hands the
-        batch to the event loop in one wake-up.
+        A response completes its request and posts the next one of the window
+        from this thread (the engine is lock-protected), so a batch runs without
+        waking the event loop per MAD; the loop hears only of a finished batch.
+        Deadlines are checked here too. Unsolicited MADs (traps) go to the loop.
         """
         lib = self._lib
         loop = self._loop
         assert lib is not None and loop is not None
-        buf = ctypes.create_string_buffer(lib.umad_size() + MAD_SIZE)
-        data = lib.umad_get_mad(buf)
+        hs = self._hdr_size
+        buf = ctypes.create_string_buffer(hs + MAD_SIZE)
+        view = memoryview(buf).cast("B")
         length = ctypes.c_int()
+        plen = ctypes.byref(length)
+        recv = _bare(lib, "umad_recv")
         portid = self._portid
-        batch: list[tuple[bytes, MadAddress | None]] = []
-        while not self._stop.is_set():
+        deliver = self._deliver
+        monotonic = time.monotonic
+        order = sys.byteorder
+        next_check = 0.0
+        wait_ms = 0
+        stopping = self._stop.is_set
+        while not stopping():
             length.value = MAD_SIZE
-            rc = lib.umad_recv(portid, buf, ctypes.byref(length), 0 if batch else _RECV_POLL_MS)
-            if rc >= 0 and lib.umad_status(buf) == 0:
-                n = min(max(length.value, 0), MAD_SIZE)
-                mad = ctypes.string_at(data, n)
-                src = None
-                if n >= 4 and not mad[3] & 0x80:  # a request: a trap, note who sent it
-                    a = lib.umad_get_mad_addr(buf).contents
-                    src = MadAddress(_be16(a.lid), _be32(a.qpn), _be32(a.qkey), a.sl, a.pkey_index)
-                batch.append((mad, src))
-                if len(batch) < _RECV_BATCH:
-                    continue
-            elif rc >= 0:
-                pass  # a send the kernel gave back (status set, e.g. no path): nothing came in
+            rc = recv(portid, buf, plen, wait_ms)
+            if rc >= 0:
+                if not int.from_bytes(view[4:8], order):  # struct ib_user_mad.status
+                    n = min(max(length.value, 0), MAD_SIZE)
+                    mad = bytes(view[hs : hs + n])
+                    if n >= 4 and mad[3] & 0x80:
+                        try:
+                            deliver(mad)
+                        except Exception:  # the thread must live on, or every batch would hang
+                            log.exception("umad answer on %s/%s not delivered", self.ca_name, self.port_num)
+                    else:  # a request: a trap; note who sent it
+                        a = lib.umad_get_mad_addr(buf).contents
+                        src = MadAddress(_be16(a.lid), _be32(a.qpn), _be32(a.qkey), a.sl, a.pkey_index)
+                        try:
+                            loop.call_soon_threadsafe(self._deliver_trap, mad, src)
+                        except RuntimeError:  # loop closed underneath us
+                            break
+                # else: a send the kernel gave back (status set, e.g. no path): nothing came in
             elif rc in (-errno.ETIMEDOUT, -errno.EINTR, -errno.EAGAIN):
                 pass
             elif rc == -errno.ENOSPC:  # an RMPP answer bigger than a MAD; not ours to take
@@ -635,17 +683,20 @@ class UmadTransport(WindowedTransport):
                 log.error("umad_recv on %s/%s failed: %s", self.ca_name, self.port_num, _err(rc))
                 if self._stop.wait(0.1):
                     break
-            if batch:
+            now = monotonic()
+            if now >= next_check:
                 try:
-                    loop.call_soon_threadsafe(self._deliver_batch, batch)
-                except RuntimeError:  # loop closed underneath us
-                    break
-                batch = []
+                    nxt = self._expire_due(now)
+                except Exception:
+                    log.exception("umad deadlines on %s/%s", self.ca_name, self.port_num)
+                    nxt = None
+                next_check = now + _RECV_POLL_S if nxt is None else min(nxt, now + _RECV_POLL_S)
+            # Block in umad_recv only until the next deadline (a fresh batch's may come sooner:
+            # the poll is short enough that a timeout fires at most that late, never early).
+            wait_ms = max(1, int((next_check - now) * 1000) + 1)
 
-    def _deliver_batch(self, batch: list[tuple[bytes, MadAddress | None]]) -> None:
-        for mad, src in batch:
-            if src is not None:
-                self._trap_sources[mad] = src
-                while len(self._trap_sources) > 1024:
-                    self._trap_sources.popitem(last=False)
-            self._deliver(mad)
+    def _deliver_trap(self, mad: bytes, src: MadAddress) -> None:
+        self._trap_sources[mad] = src
+        while len(self._trap_sources) > 1024:
+            self._trap_sources.popitem(last=False)
+        self._deliver(mad)
