@@ -526,15 +526,6 @@ class Fabric:
                 return hits[0]
             raise
 
-    def by_lid(self, lid: int) -> tuple[int, int]:
-        """(node, port) owning a LID (within its LMC range); KeyError if none."""
-        base = self.lid.astype(np.int64)
-        top = base + (1 << self.lmc.astype(np.int64)) - 1
-        hit = np.argwhere((base > 0) & (base <= lid) & (lid <= top))
-        if hit.size == 0:
-            raise KeyError(lid)
-        return int(hit[0, 0]), int(hit[0, 1])
-
     # -- links -----------------------------------------------------------------
 
     def connect(self, n1: int, p1: int, n2: int, p2: int, *, state: PortState = PortState.INIT) -> None:

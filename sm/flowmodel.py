@@ -158,10 +158,6 @@ class FlowPaths:
     def delivered(self) -> npt.NDArray[np.bool_]:
         return self.status == Status.DELIVERED
 
-    @property
-    def n_entries(self) -> int:
-        return int(self.flow.size)
-
 
 def _check_flows(
     fabric: Fabric, lids: LidMap, node: npt.NDArray[np.int64], port: npt.NDArray[np.int64], lid: npt.NDArray[np.int64]

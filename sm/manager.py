@@ -50,7 +50,7 @@ from sm.lids import LidManager
 from sm.links import LinkPlan, apply_link_plan, plan_links
 from sm.program import HeldLfts, ProgramReport, program_fabric
 from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, route
-from sm.sweep import FlapDamper, LightSweep, apply_changes, hold_down, light_sweep
+from sm.sweep import FlapDamper, apply_changes, hold_down, light_sweep
 from sm.transport.base import WindowedTransport
 from sm.verify import VerifyReport, verify_routes
 
@@ -143,7 +143,6 @@ class FabricManager:
         self._reasons: set[str] = set()
         self._lock = asyncio.Lock()
         self._trap_lids: set[int] = set()
-        self.last_light: LightSweep | None = None
 
     # -- triggers ---------------------------------------------------------------
 
@@ -237,7 +236,6 @@ class FabricManager:
                 self.events.emit(SweepFailed(stage="light", reason=str(e)))
                 self._force_heavy = True
                 raise SweepError("light", f"light sweep failed: {e}") from e
-            self.last_light = light
             f = prev.fabric
             for c in light.changes:
                 key = (int(f.node_guid[c.node]), c.port)

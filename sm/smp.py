@@ -67,20 +67,6 @@ async def smp_get(
     return layout.unpack(await smp_get_raw(transport, route, attr_id, attr_mod))
 
 
-async def smp_set(
-    transport: WindowedTransport,
-    route: Route,
-    layout: Layout,
-    attr_id: int,
-    attr_mod: int,
-    values: Mapping[str, FieldValue],
-    base: bytes | None = None,
-) -> dict[str, FieldValue]:
-    """Set ``values`` (over ``base``, e.g. the attribute as last read) and return the answer decoded."""
-    data = layout.pack(values, base=base)
-    return layout.unpack(await smp_set_raw(transport, route, attr_id, attr_mod, data))
-
-
 async def _exchange(
     transport: WindowedTransport, route: Route, method: int, attr_id: int, attr_mod: int, data: bytes
 ) -> bytes:

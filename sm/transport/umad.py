@@ -540,11 +540,6 @@ class UmadTransport(WindowedTransport):
         self._send_view = None
         self._send_buf = None
 
-    def close_sync(self) -> None:
-        """Close without an event loop (e.g. at interpreter exit)."""
-        self._closed = True
-        self._release_device()
-
     # -- what the port is -------------------------------------------------------
 
     def _need_attrs(self) -> PortAttrs:
