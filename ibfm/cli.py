@@ -22,17 +22,31 @@ COMMAND_MODULES = [
     "ibfm.commands.serve",
 ]
 
+COMMANDS = {
+    "topo": "ibfm.commands.topo",
+    "sm": "ibfm.commands.sm",
+    "route": "ibfm.commands.sm",
+    "demo": "ibfm.commands.demo",
+    "congestion": "ibfm.commands.congestion",
+    "ebb": "ibfm.commands.congestion",
+    "serve": "ibfm.commands.serve",
+}
+"""Subcommand -> the module that registers it: a known subcommand imports only its own module,
+which keeps ``ibfm sm`` from loading the service, the emulator and pydantic-settings."""
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or only those of ``only``'s module."""
     parser = argparse.ArgumentParser(prog="ibfm", description="InfiniBand fabric manager and monitor")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in [COMMANDS[only]] if only in COMMANDS else COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

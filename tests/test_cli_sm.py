@@ -134,3 +134,23 @@ def test_sm_daemon_sweeps_until_sigterm_then_exits_0(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_every_subcommand_maps_to_the_module_that_registers_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # main() imports only the module COMMANDS names for argv[0]: a missing or wrong entry
+    # would make that subcommand unknown.
+    import argparse
+    import importlib
+
+    from ibfm.cli import COMMAND_MODULES, COMMANDS
+
+    seen = {}
+    for module in COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).register(sub)
+        seen.update(dict.fromkeys(sub.choices, module))
+    assert seen == COMMANDS
+    # The full parser still answers for an unknown word (usage names every subcommand).
+    with pytest.raises(SystemExit):
+        main(["no-such-command"])
+    assert "sm" in capsys.readouterr().err
