@@ -419,8 +419,7 @@ class FabricBuilder:
             f.speed_cap[node, port] = ps.speed_cap
             f.mtu_cap[node, port] = ps.mtu_cap
             f.vl_cap[node, port] = ps.vl_cap
-        for n1, p1, n2, p2 in self._links:
-            f.connect(n1, p1, n2, p2, state=link_state)
+        f.connect_many(np.array(self._links, np.int64).reshape(-1, 4), state=link_state)
         f.reindex()
         return f
 
@@ -483,15 +482,15 @@ class Fabric:
         """Rebuild the GUID and name lookups (after changing GUIDs or names in place)."""
         self._by_guid = {int(g): i for i, g in enumerate(self.node_guid.tolist())}
         self._by_name = {name: i for i, name in enumerate(self.names)}
-        pg: dict[int, tuple[int, int]] = {}
-        ex = self.port_exists
-        for i in range(self.n_nodes):
-            if self.node_type[i] == NodeType.SWITCH:
-                pg[int(self.port_guid[i, 0])] = (i, 0)
-            else:
-                for p in np.flatnonzero(ex[i]).tolist():
-                    pg[int(self.port_guid[i, p])] = (i, p)
-        self._by_port_guid = pg
+        # A switch answers for its port 0 GUID; a CA for each port that exists. Later ones win, in
+        # node then port order.
+        ex = self.port_exists.copy()
+        sw = self.node_type == NodeType.SWITCH
+        ex[sw] = False
+        ex[sw, 0] = True
+        n, p = np.nonzero(ex)
+        keys = self.port_guid[n, p].tolist()
+        self._by_port_guid = dict(zip(keys, zip(n.tolist(), p.tolist(), strict=True), strict=True))
 
     @property
     def switches(self) -> npt.NDArray[np.intp]:
@@ -542,6 +541,49 @@ class Fabric:
         self.peer_node[n1, p1], self.peer_port[n1, p1] = n2, p2
         self.peer_node[n2, p2], self.peer_port[n2, p2] = n1, p1
         self.link_up(n1, p1, state=state)
+
+    def connect_many(self, links: npt.NDArray[np.int64], *, state: PortState = PortState.INIT) -> None:
+        """:meth:`connect` for every row (n1, p1, n2, p2) of ``links`` at once, or none of them.
+
+        A bad row (port out of range, port already cabled or cabled twice, a port
+        linked to itself) raises the FabricError :meth:`connect` raises for it,
+        and nothing is connected.
+        """
+        links = np.asarray(links, np.int64).reshape(-1, 4)
+        if not links.shape[0]:
+            return
+        a, b = links[:, :2], links[:, 2:]
+        ends = np.concatenate([a, b])
+        nodes_ok = (ends[:, 0] >= 0) & (ends[:, 0] < self.n_nodes)
+        ok = bool(nodes_ok.all())
+        if ok:
+            ok = bool(((ends[:, 1] >= 1) & (ends[:, 1] <= self.nports[ends[:, 0]])).all())
+        if ok:
+            keys = np.sort(ends[:, 0] * (self.max_port + 1) + ends[:, 1])  # (np.unique imports numpy.ma)
+            ok = bool((keys[1:] != keys[:-1]).all()) and bool((self.peer_node[ends[:, 0], ends[:, 1]] == NO_PEER).all())
+        if not ok:  # one at a time on a scratch copy, to name the first bad row; then give up
+            scratch = self.copy()
+            for n1, p1, n2, p2 in links.tolist():
+                for n in (n1, n2):
+                    if not 0 <= n < self.n_nodes:
+                        raise FabricError(f"no node {n} (the fabric has {self.n_nodes})")
+                if (n1, p1) == (n2, p2):
+                    raise FabricError(f"port {p1} of {self.names[n1]!r} linked to itself")
+                scratch.connect(n1, p1, n2, p2, state=state)
+            raise FabricError("links could not be connected")  # (not reached: connect raised)
+        n1, p1, n2, p2 = links.T
+        self.peer_node[n1, p1], self.peer_port[n1, p1] = n2, p2
+        self.peer_node[n2, p2], self.peer_port[n2, p2] = n1, p1
+        common = self.width_cap[n1, p1].astype(np.int64) & self.width_cap[n2, p2].astype(np.int64)
+        width = np.zeros_like(common)
+        for code in (1, 16, 2, 4, 8):  # the widest wins: 12x, 8x, 4x, 2x, 1x as in _best_width
+            width = np.where(common & code, code, width)
+        speed = np.minimum(self.speed_cap[n1, p1], self.speed_cap[n2, p2])
+        for n, p in ((n1, p1), (n2, p2)):
+            self.width_active[n, p] = width
+            self.speed_active[n, p] = speed
+            self.phys_state[n, p] = PhysState.LINKUP
+            self.state[n, p] = state
 
     def link_up(self, n: int, p: int, *, state: PortState = PortState.INIT) -> None:
         """Train a cabled link: LinkUp, active width/speed = best common."""

@@ -463,3 +463,33 @@ def test_oversubscribed_tree_is_a_design_not_a_failure() -> None:
     assert s.kind == "fat-tree" and s.missing_links == 0 and s.missing_switches == 0
     lost_spine = detect_shape(degrade(fattree(2, 8), switches=1, seed=1))
     assert lost_spine.missing_switches == 1
+
+
+def test_connect_many_equals_one_at_a_time_and_refuses_bad_rows() -> None:
+    from fabric.model import FabricError
+
+    f = degrade(fattree(3, 8), fraction=0.05, seed=3)
+    links = f.link_array(up_only=False)
+    bare = f.copy()
+    for name, value in (("peer_node", NO_PEER), ("peer_port", NO_PEER), ("state", 0), ("phys_state", 0)):
+        getattr(bare, name)[:] = value
+    one, many = bare.copy(), bare.copy()
+    for a, b, c, d in links.tolist():
+        one.connect(a, b, c, d)
+    many.connect_many(links)
+    for name in ("peer_node", "peer_port", "state", "phys_state", "width_active", "speed_active"):
+        assert (getattr(one, name) == getattr(many, name)).all(), name
+    # A row that reuses a port names it, and nothing of the batch is connected.
+    again = bare.copy()
+    a, b, c, d = links[0].tolist()
+    bad = np.vstack([links[:5], [[a, b, c, d + 0 if d == 1 else 1]]])
+    with pytest.raises(FabricError, match=f"port {b} of {again.names[a]!r} already linked"):
+        again.connect_many(bad)
+    assert (again.peer_node == NO_PEER).all()
+    with pytest.raises(FabricError, match="linked to itself"):
+        again.connect_many(np.array([[a, b, a, b]]))
+    with pytest.raises(FabricError, match="no node"):
+        again.connect_many(np.array([[a, b, 10**6, 1]]))
+    # The GUID lookups rebuilt without a per-node loop: every end port by its port GUID.
+    for n, p in f.endports().tolist():
+        assert f.by_port_guid(int(f.port_guid[n, p])) == (n, p)
