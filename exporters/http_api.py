@@ -710,6 +710,8 @@ async def get_health(request: web.Request) -> web.Response:
             "time": s.time,
             "age_s": round(max(0.0, time.time() - s.time), 3),
             "phases_s": {k: round(x, 4) for k, x in s.phases.items()},
+            "up_s": round(s.up_s, 4),
+            "duration_s": round(s.duration_s, 4),
             "smps": s.smps,
             "last_failure": failure,
         },

@@ -194,7 +194,11 @@ class SweepState(_M):
     number: int
     time: float = Field(description="Unix time of the last heavy sweep.")
     age_s: float
-    phases_s: dict[str, float]
+    phases_s: dict[str, float] = Field(
+        description="Seconds per stage; routing overlaps programming and the checks its end, so they do not add up."
+    )
+    up_s: float = Field(description="Seconds from the sweep's start to every port ACTIVE on its routes.")
+    duration_s: float = Field(description="Seconds from the sweep's start to routes verified.")
     smps: int
     last_failure: dict[str, Any] | None = Field(description="The last failed sweep since the last heavy one.")
 

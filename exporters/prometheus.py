@@ -152,8 +152,8 @@ class SweepStats:
         self._lock = threading.Lock()
 
     def record(self, snapshot: SubnetSnapshot, seconds: float | None = None) -> None:
-        """Count one successful heavy sweep; ``seconds`` defaults to the sum of its stage times."""
-        s = sum(snapshot.phases.values()) if seconds is None else float(seconds)
+        """Count one successful heavy sweep; ``seconds`` defaults to its duration (stages overlap)."""
+        s = (snapshot.duration_s or sum(snapshot.phases.values())) if seconds is None else float(seconds)
         if not s >= 0.0 or math.isinf(s):
             raise MetricsError(f"sweep {snapshot.sweep}: duration {seconds!r} s is not a finite, non-negative time")
         i = int(np.searchsorted(self._buckets, s, side="left"))

@@ -12,6 +12,7 @@ rest of the fabric still comes up.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,82 @@ class _NodeRec:
     switch_info: dict[str, Any] | None = None
 
 
+PortKey = tuple[int, int]
+
+
+class PortInfoTable(MutableMapping[PortKey, dict[str, Any]]):
+    """(node, port) -> PortInfo, kept as the attribute's bytes and decoded on first use.
+
+    Programming stores each GetResp as it comes (what the port now holds)
+    without decoding it; a dict is made only when someone asks. Treat the
+    dicts as read-only: assign a new one to change a port (its bytes are then
+    packed from it when needed).
+    """
+
+    __slots__ = ("_dec", "_raw")
+
+    def __init__(self) -> None:
+        self._raw: dict[PortKey, bytes | None] = {}
+        """The bytes; None for a port given only as a dict (packed on demand)."""
+        self._dec: dict[PortKey, tuple[bytes | None, dict[str, Any]]] = {}
+        """Decodings, each with the bytes it came from: current only while those are ``_raw``'s."""
+
+    def __getitem__(self, key: PortKey) -> dict[str, Any]:
+        raw = self._raw[key]
+        entry = self._dec.get(key)
+        if entry is not None and entry[0] is raw:
+            return entry[1]
+        assert raw is not None  # (None only beside its dict)
+        d = PORT_INFO.unpack(raw)
+        self._dec[key] = (raw, d)
+        return d
+
+    def get(self, key: PortKey, default: Any = None) -> Any:  # type: ignore[override]
+        return self[key] if key in self._raw else default
+
+    def __setitem__(self, key: PortKey, value: dict[str, Any]) -> None:
+        self._raw[key] = None
+        self._dec[key] = (None, value)
+
+    def __delitem__(self, key: PortKey) -> None:
+        del self._raw[key]
+        self._dec.pop(key, None)
+
+    def __iter__(self) -> Iterator[PortKey]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def raw(self, key: PortKey) -> bytes | None:
+        """The PortInfo bytes of ``key`` (packed from its dict if that is all there is), or None."""
+        raw = self._raw.get(key)
+        if raw is None and key in self._raw:
+            value = self._dec[key][1]
+            raw = self._raw[key] = PORT_INFO.pack(value)
+            self._dec[key] = (raw, value)
+        return raw
+
+    def set_raw(self, key: PortKey, raw: bytes, decoded: dict[str, Any] | None = None) -> None:
+        """What the port holds, as bytes (and their decoding when already at hand)."""
+        self._raw[key] = raw
+        if decoded is not None:
+            self._dec[key] = (raw, decoded)
+
+    def update_raw(self, items: Iterable[tuple[PortKey, bytes]]) -> None:
+        """:meth:`set_raw` for many ports (decoded later, if ever)."""
+        self._raw.update(items)
+
+    def copy(self) -> PortInfoTable:
+        t = PortInfoTable()
+        t._raw = dict(self._raw)
+        t._dec = dict(self._dec)
+        return t
+
+
 @dataclass
 class Discovery:
     """What a discovery found: the fabric, the DR path to every node, and problems."""
@@ -68,13 +145,13 @@ class Discovery:
     """(CA node, port) -> a DR path that arrives at that port (a CA answers for its ingress port)."""
     switch_info: dict[int, dict[str, Any]]
     """Node index -> SwitchInfo as read."""
-    port_info: dict[tuple[int, int], dict[str, Any]]
-    """(node, port) -> PortInfo as read (the base for later Sets)."""
+    port_info: PortInfoTable
+    """(node, port) -> PortInfo as read, then as the last Set left it (the base for later Sets)."""
     errors: list[str]
     smps: int
-    port_info_raw: dict[tuple[int, int], tuple[dict[str, Any], bytes]] = field(default_factory=dict)
-    """(node, port) -> (the ``port_info`` dict, the PortInfo bytes it was read from): the base for
-    Sets; an entry counts only while its dict is the one ``port_info`` holds."""
+
+    def __repr__(self) -> str:
+        return f"Discovery(nodes={self.fabric.n_nodes}, errors={len(self.errors)}, smps={self.smps})"
 
 
 async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Discovery:
@@ -212,13 +289,11 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
     port_paths = {
         (fabric.by_guid(r.guid), p): path for r in nodes.values() for p, path in r.port_paths.items()
     }
-    port_info: dict[tuple[int, int], dict[str, Any]] = {}
-    port_info_raw: dict[tuple[int, int], tuple[dict[str, Any], bytes]] = {}
+    port_info = PortInfoTable()
     for r in nodes.values():
         n = fabric.by_guid(r.guid)
         for p, pi in r.port_info.items():
-            port_info[(n, p)] = pi
-            port_info_raw[(n, p)] = (pi, r.port_raw[p])
+            port_info.set_raw((n, p), r.port_raw[p], pi)
     sm_node = fabric.by_guid(sm_guid)
     return Discovery(
         fabric,
@@ -230,7 +305,6 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
         port_info,
         errors,
         transport.stats.sent - sent0,
-        port_info_raw,
     )
 
 

@@ -25,7 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+import numpy.ma  # noqa: F401 - np.unique imports it on first use (9 ms): at start, not mid-sweep
 
 from fabric.errors import IbfmError
 from fabric.mad import Method, SmpAttr, notice_unpack, parse_mad, trap_repress
@@ -48,8 +50,9 @@ from sm.events import (
 from sm.lidmap import LidMap
 from sm.lids import LidManager
 from sm.links import LinkPlan, apply_link_plan, plan_links
+from sm.offload import Emit, Offload
 from sm.program import HeldLfts, ProgramReport, program_fabric
-from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, route
+from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, RoutingResult, make_engine, route
 from sm.sweep import FlapDamper, apply_changes, hold_down, light_sweep
 from sm.transport.base import WindowedTransport
 from sm.verify import VerifyReport, verify_routes
@@ -81,6 +84,8 @@ class SmConfig:
     root_guids: tuple[int, ...] = ()
     subnet_prefix: int = 0xFE80000000000000
     check_credit_loops: bool = True
+    offload: bool = True
+    """Route and check in a forked child while the MADs go out (sm.offload); False: in this process."""
     sweep_interval: float = 10.0
     """Seconds between light sweeps (traps and API requests sweep at once)."""
     flap_max: int = 4
@@ -110,6 +115,27 @@ class SubnetSnapshot:
     smps: int
     programmed_at: float
     """Unix time the LFTs and port states of this sweep were in the switches."""
+    started_at: float = 0.0
+    """Unix time this sweep's pipeline began (its discovery; after a light sweep, the use of the
+    changes it found); 0 when unknown."""
+
+    @property
+    def up_s(self) -> float:
+        """Seconds from the start of the sweep to every port ACTIVE on its routes (OpenSM's SUBNET UP)."""
+        return self.programmed_at - self.started_at if self.started_at else 0.0
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the start of the sweep to its end (routes verified, credit loops checked)."""
+        return self.time - self.started_at if self.started_at else 0.0
+
+    def __repr__(self) -> str:
+        # Short: the generated repr walks every PortInfo dict of the discovery (seconds on a large
+        # fabric, and asyncio formats it when a task that returned a snapshot is shown).
+        return (
+            f"SubnetSnapshot(sweep={self.sweep}, engine={self.engine!r}, up={self.up}, "
+            f"nodes={self.fabric.n_nodes}, max_lid={self.lids.max_lid}, smps={self.smps})"
+        )
 
     @property
     def sm_lid(self) -> int:
@@ -135,6 +161,8 @@ class FabricManager:
         self.held: HeldLfts = {}
         self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
+        for name in self.config.engines:  # loaded here once, not in every sweep's forked child
+            make_engine(name)
         self.damper = FlapDamper(
             max_flaps=self.config.flap_max, window=self.config.flap_window, hold=self.config.flap_hold
         )
@@ -331,14 +359,18 @@ class FabricManager:
     async def _pipeline(self, d: Discovery | None, extra_smps: int) -> SubnetSnapshot:
         phases: dict[str, float] = {}
         sent0 = self.transport.stats.sent
+        started_at = time.time()
+        sweep_no = self.sweeps + 1
 
         @contextmanager
         def stage(name: str) -> Iterator[None]:
             t0 = time.perf_counter()
             try:
                 yield
+            except SweepError:
+                raise
             except IbfmError as e:
-                raise SweepError(name, f"sweep {self.sweeps + 1}: {name} failed: {e}") from e
+                raise SweepError(name, f"sweep {sweep_no}: {name} failed: {e}") from e
             finally:
                 phases[name] = time.perf_counter() - t0
 
@@ -354,40 +386,60 @@ class FabricManager:
         with stage("links"):
             links = plan_links(fabric, max_mtu=cfg.max_mtu, max_vls=cfg.max_vls)
             apply_link_plan(fabric, links)
-        # The numpy stages run in a thread so traps, MAD answers and HTTP keep flowing meanwhile.
-        with stage("routing"):
-            try:
-                routed = await asyncio.to_thread(
-                    route, fabric, lids, cfg.engines, RoutingOptions(root_guids=cfg.root_guids)
-                )
-            except IbfmError as e:
-                self.events.emit(RoutingFailed(reason=str(e)))
-                raise
         # A switch we have not seen before, or one that reset (LinearFDBTop 0), holds no LFT we know.
         known = set(self.snapshot.fabric.node_guid.tolist()) if self.snapshot is not None else set()
         for n in fabric.switches.tolist():
             guid = int(fabric.node_guid[n])
             if guid not in known or not d.switch_info.get(n, {}).get("LinearFDBTop"):
                 self.held.pop(guid, None)
-        with stage("program"):
-            prog = await program_fabric(
-                self.transport,
-                d,
-                lids,
-                links,
-                routed.lft,
-                sm_lid=int(lids.base[d.sm_node, d.sm_port]),
-                subnet_prefix=cfg.subnet_prefix,
-                held=self.held,
-            )
-        programmed_at = time.time()
-        # Checked after the push, so a repair reaches the switches first; the result is in the snapshot.
-        with stage("verify"):
-            report = await asyncio.to_thread(verify_routes, fabric, lids, routed.lft)
-        loops: list[CreditLoop] = []
-        if cfg.check_credit_loops:
-            with stage("credit_loops"):
-                loops = await asyncio.to_thread(find_credit_loops, fabric, lids, routed.lft, from_cas=True)
+        options = RoutingOptions(root_guids=cfg.root_guids)
+        check_loops = cfg.check_credit_loops
+
+        def compute(emit: Emit) -> None:
+            # In a forked child (sm.offload): routing while the ports are configured, then the
+            # checks while the LFT blocks go out and the ports turn ACTIVE.
+            t = time.perf_counter()
+            routed = route(fabric, lids, cfg.engines, options)
+            emit((routed, time.perf_counter() - t))
+            t = time.perf_counter()
+            emit((verify_routes(fabric, lids, routed.lft), time.perf_counter() - t))
+            if check_loops:
+                t = time.perf_counter()
+                emit((find_credit_loops(fabric, lids, routed.lft, from_cas=True), time.perf_counter() - t))
+
+        async def result(name: str) -> Any:
+            try:
+                value, phases[name] = await off.get()
+            except IbfmError as e:
+                if name == "routing":
+                    self.events.emit(RoutingFailed(reason=str(e)))
+                raise SweepError(name, f"sweep {sweep_no}: {name} failed: {e}") from e
+            return value
+
+        routed: RoutingResult | None = None
+
+        async def routed_lft() -> Lft:
+            nonlocal routed
+            routed = await result("routing")
+            return routed.lft
+
+        async with Offload(compute, what=f"sweep {sweep_no}: routing and checks", fork=cfg.offload) as off:
+            with stage("program"):
+                prog = await program_fabric(
+                    self.transport,
+                    d,
+                    lids,
+                    links,
+                    routed_lft(),
+                    sm_lid=int(lids.base[d.sm_node, d.sm_port]),
+                    subnet_prefix=cfg.subnet_prefix,
+                    held=self.held,
+                )
+            programmed_at = time.time()
+            # Checked while the blocks went out, so a repair reaches the switches first.
+            report: VerifyReport = await result("verify")
+            loops: list[CreditLoop] = await result("credit_loops") if check_loops else []
+        assert routed is not None
         self.sweeps += 1
         snap = SubnetSnapshot(
             sweep=self.sweeps,
@@ -406,6 +458,7 @@ class FabricManager:
             lid_warnings=tuple(plan.warnings),
             smps=self.transport.stats.sent - sent0 + extra_smps,
             programmed_at=programmed_at,
+            started_at=started_at,
         )
         self.snapshot = snap
         return snap

@@ -1,15 +1,17 @@
 """Programming the fabric: PortInfo, SwitchInfo, LFT blocks, then port states.
 
-Stages run in order with a barrier after each, every SMP of a stage in
-flight at once under the transport's window:
+Every SMP of a stage is in flight at once under the transport's window;
+stages 1 to 3 run side by side, stage 4 after them:
 
 1. PortInfo Set on every end port (LID, LMC, MasterSMLID, GID prefix) and on
    every linked port (NeighborMTU, OperationalVLs, INIT -> ARMED), only where
    the port does not already hold those values;
 2. SwitchInfo Set LinearFDBTop;
 3. LFT blocks of 64 LIDs, only those that differ from what the switch holds
-   (``held``: what earlier Sets put there; unknown -> send);
-4. ports ARMED -> ACTIVE (the Set of stage 1 armed them).
+   (``held``: what earlier Sets put there; unknown -> send). The LFT may be
+   handed in as an awaitable (routing still running elsewhere): stages 1
+   and 2 go out meanwhile, as neither needs the routes;
+4. ports ARMED -> ACTIVE (the Set of stage 1 armed them), once the LFTs are in.
 
 Every Set is checked against its GetResp. A failure names the switch (or
 port) and block; the block is left out of ``held`` so the next sweep sends
@@ -18,6 +20,8 @@ it again, and the rest goes on.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,22 +86,45 @@ async def program_fabric(
     d: Discovery,
     lids: LidMap,
     links: LinkPlan,
-    lft: Lft,
+    lft: Lft | Awaitable[Lft],
     *,
     sm_lid: int,
     subnet_prefix: int = 0xFE80000000000000,
     held: HeldLfts | None = None,
     activate: bool = True,
 ) -> ProgramReport:
-    """Push the plan into the fabric; updates ``held`` with what the switches now hold."""
+    """Push the plan into the fabric; updates ``held`` with what the switches now hold.
+
+    An exception of ``lft`` (routing failed) is raised here once the Sets in
+    flight are cancelled; no port is activated then.
+    """
     rep = ProgramReport()
-    held = held if held is not None else {}
-    await _set_port_infos(transport, d, lids, links, sm_lid, subnet_prefix, rep)
-    await _set_fdb_tops(transport, d, lids.max_lid, rep)
-    await _set_blocks(transport, d, lft, held, rep)
+    known = held if held is not None else {}
+
+    async def routes() -> None:
+        table = lft if isinstance(lft, np.ndarray) else await lft
+        await _set_blocks(transport, d, table, known, rep)
+
+    await _all(
+        _set_port_infos(transport, d, lids, links, sm_lid, subnet_prefix, rep),
+        _set_fdb_tops(transport, d, lids.max_lid, rep),
+        routes(),
+    )
     if activate:
         await _activate(transport, d, rep)
     return rep
+
+
+async def _all(*steps: Coroutine[Any, Any, None]) -> None:
+    """Run ``steps`` side by side; the first exception cancels the others and is raised as is."""
+    tasks = [asyncio.ensure_future(s) for s in steps]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _port_info_sets(
@@ -106,13 +133,13 @@ async def _port_info_sets(
     targets: list[tuple[int, int, dict[str, int]]],
     what: str,
 ) -> list[tuple[int, int, dict[str, int], str | None]]:
-    """PortInfo Set ``want`` over what was read, on every (node, port); (node, port, want, failure).
+    """PortInfo Set ``want`` over what the port holds, on every (node, port); (node, port, want, failure).
 
-    The Sets are built as one array (the bases as read, then each field
-    written for the rows that set it) and the GetResps checked as one. What a
-    port now holds is the PortInfo as read with the Set's values and the
-    state from the answer, plus only those fields whose bytes the answer shows
-    changed: no whole decode per port.
+    The Sets are built as one array (the bytes each port holds, then each
+    field written for the rows that set it) and the GetResps checked as one:
+    a Set is taken when the answer's PortState is the one asked for and no
+    byte of a field it set differs from what was sent. Each answer becomes
+    what the port holds, as bytes (``d.port_info`` decodes on demand).
     """
     n = len(targets)
     if not n:
@@ -120,16 +147,14 @@ async def _port_info_sets(
     f = d.fabric
     is_switch = (f.node_type == NodeType.SWITCH).tolist()
     paths, port_paths = d.paths, d.port_paths
-    port_info, port_info_raw = d.port_info, d.port_info_raw
+    table = d.port_info
     routes: list[Path] = list(paths)
     extra: dict[Path, int] = {}
     which: list[int] = []
     mods: list[int] = []
-    reads: list[dict[str, Any]] = []
-    exact: list[bool] = []
     raws: list[bytes] = []
     groups: dict[tuple[str, ...], list[int]] = {}
-    empty: dict[str, Any] = {}
+    blank = bytes(PORT_INFO.size)
     for r, (node, port, want) in enumerate(targets):
         key = (node, port)
         if is_switch[node]:
@@ -146,16 +171,7 @@ async def _port_info_sets(
                     routes.append(path)
                 which.append(k)
             mods.append(0)
-        # The base: the PortInfo bytes as read (or as the last Set left them) when they are at hand.
-        read = port_info.get(key, empty)
-        entry = port_info_raw.get(key)
-        if entry is not None and entry[0] is read:
-            raws.append(entry[1])
-            exact.append(True)
-        else:
-            raws.append(PORT_INFO.pack(read))
-            exact.append(False)
-        reads.append(read)
+        raws.append(table.raw(key) or blank)
         sig = tuple(want)
         rows = groups.get(sig)
         if rows is None:
@@ -172,47 +188,48 @@ async def _port_info_sets(
             if name not in _NO_CHANGE:
                 _PORT_INFO.patch_rows(data, name, rows, [targets[r][2][name] for r in rows])
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, np.array(which), np.array(mods), data)
-    # Where an answer differs from what was sent, PortState and PortPhysicalState aside
-    # (switch ports 1..N, e.g., show port 0's LID): only the fields in those bytes are decoded.
+    # Where an answer differs from what was sent, PortState and PortPhysicalState aside (switch
+    # ports 1..N, e.g., show port 0's LID): the fields in those bytes, per pattern of bytes.
     differs = ((res.data ^ data) & _STATE_MASK) != 0
-    odd: dict[int, tuple[str, ...]] = {}
+    odd: dict[int, frozenset[str]] = {}
     rows_odd = np.flatnonzero(differs.any(axis=1) & res.ok)
     if rows_odd.size:
-        patterns: dict[bytes, tuple[str, ...]] = {}
+        patterns: dict[bytes, frozenset[str]] = {}
         for r, key in zip(rows_odd.tolist(), np.packbits(differs[rows_odd], axis=1), strict=True):
             k = key.tobytes()
             fields = patterns.get(k)
             if fields is None:
-                at = {f: None for j in np.flatnonzero(differs[r]).tolist() for f in _PORT_INFO.fields_at(j)}
-                fields = patterns[k] = tuple(at)
+                fields = patterns[k] = frozenset(
+                    name for j in np.flatnonzero(differs[r]).tolist() for name in _PORT_INFO.fields_at(j)
+                )
             odd[r] = fields
     blob = res.data.tobytes()
     states = (res.data[:, 32] & 0x0F).tolist()
-    phys = (res.data[:, 33] >> 4).tolist()
     size = PORT_INFO.size
     out: list[tuple[int, int, dict[str, int], str | None]] = []
     name_of = f.port_name
     errors = res.errors
+    held: list[tuple[tuple[int, int], bytes]] = []
     for r, (node, port, want) in enumerate(targets):
         err = errors.get(r)
         if err is not None:
             out.append((node, port, want, f"{name_of(node, port)}: PortInfo Set {what} failed: {err}"))
             continue
         ans = blob[r * size : (r + 1) * size]
-        fields = odd.get(r, ())
-        if exact[r] and len(fields) <= 8:
-            # What the port holds: the fields as read, the Set's values, the new state,
-            # and whatever else the answer shows changed.
-            got = reads[r] | want
-            got["PortState"], got["PortPhysicalState"] = states[r], phys[r]
-            if fields:
-                got.update(_PORT_INFO.get_fields(ans, fields))
-        else:
-            got = PORT_INFO.unpack(ans)
+        held.append(((node, port), ans))
+        state = want.get("PortState", 0)
+        fields = odd.get(r)
+        if (
+            (not state or states[r] == state)
+            and (fields is None or fields.isdisjoint(want))
+            and "PortPhysicalState" not in want  # (its bits are not compared above)
+        ):
+            out.append((node, port, want, None))
+            continue
+        got = _PORT_INFO.get_fields(ans, list(want))
         bad = {k: (v, got.get(k)) for k, v in want.items() if got.get(k) != v}
-        port_info[(node, port)] = got  # later Sets build on what the port now holds
-        port_info_raw[(node, port)] = (got, ans)
         out.append((node, port, want, f"{name_of(node, port)}: PortInfo Set {what} not taken: {bad}" if bad else None))
+    table.update_raw(held)  # later Sets build on what the ports now hold
     return out
 
 

@@ -207,7 +207,7 @@ def apply_changes(
     if sweep.needs_full_discovery:
         return None
     f = d.fabric.copy()
-    port_info = dict(d.port_info)
+    port_info = d.port_info.copy()
     for c in sweep.changes:
         if c.up:
             continue

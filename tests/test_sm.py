@@ -203,3 +203,26 @@ def test_property_degraded_trees_come_up_and_keep_lids(
     ga = {int(a.fabric.port_guid[n, p]): int(a.lids.base[n, p]) for n, p in a.fabric.endports().tolist()}
     gb = {int(b.fabric.port_guid[n, p]): int(b.lids.base[n, p]) for n, p in b.fabric.endports().tolist()}
     assert ga == gb
+
+
+def test_port_info_table_keeps_bytes_and_dicts_in_step() -> None:
+    from fabric.mad import PORT_INFO
+    from sm.discover import PortInfoTable
+
+    a = PORT_INFO.pack({"LID": 7, "PortState": 2, "PortPhysicalState": 5, "LinkWidthSupported": 3})
+    b = PORT_INFO.pack({"LID": 9, "PortState": 4, "PortPhysicalState": 5})
+    t = PortInfoTable()
+    t.set_raw((1, 2), a)
+    assert (1, 2) in t and len(t) == 1 and list(t) == [(1, 2)]
+    assert t[(1, 2)]["LID"] == 7 and t.get((1, 3)) is None and t.get((1, 3), {}) == {}
+    first = t[(1, 2)]
+    assert t[(1, 2)] is first  # decoded once
+    t.update_raw([((1, 2), b)])  # a Set's answer: the old decoding is stale now
+    assert t[(1, 2)]["LID"] == 9 and t[(1, 2)]["PortState"] == 4 and t.raw((1, 2)) == b
+    copy = t.copy()
+    t[(1, 2)] = dict(t[(1, 2)], LID=11)  # a dict given: its bytes are packed when asked for
+    assert PORT_INFO.unpack(t.raw((1, 2)))["LID"] == 11 and t[(1, 2)]["LID"] == 11
+    assert copy[(1, 2)]["LID"] == 9 and copy.raw((1, 2)) == b  # the copy is its own
+    assert t.raw((5, 5)) is None
+    del t[(1, 2)]
+    assert (1, 2) not in t and len(copy) == 1

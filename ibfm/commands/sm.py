@@ -135,6 +135,10 @@ def summary(snap: SubnetSnapshot) -> dict[str, Any]:
         "lid_warnings": list(snap.lid_warnings),
         "smps": snap.smps,
         "phases_s": {k: round(v, 4) for k, v in snap.phases.items()},
+        "up_s": round(snap.up_s, 4),
+        "sweep_s": round(snap.duration_s, 4),
+        "started_at": snap.started_at,
+        "up_at": snap.programmed_at,
     }
 
 
@@ -149,8 +153,10 @@ def format_summary(s: dict[str, Any]) -> str:
         f"credit loops: {len(s['credit_loops'])}",
         f"programmed: {p['port_sets']} PortInfo, {p['lft_blocks_sent']} LFT blocks sent "
         f"({p['lft_blocks_unchanged']} unchanged), {p['ports_active']} ports ACTIVE",
-        f"SMPs: {s['smps']}",
-        "phases: " + ", ".join(f"{k} {v:.3f}s" for k, v in s["phases_s"].items()),
+        f"SMPs: {s['smps']}; up in {s['up_s']:.3f}s, checked in {s['sweep_s']:.3f}s",
+        "phases: "
+        + ", ".join(f"{k} {v:.3f}s" for k, v in s["phases_s"].items())
+        + " (routing and the checks overlap programming)",
     ]
     for key in ("discovery_errors", "lid_warnings"):
         lines += [f"warning: {e}" for e in s[key]]

@@ -1,0 +1,246 @@
+"""The CPU-heavy stages of a sweep (routing, verification, credit loops) in a forked child.
+
+Why a process: every MAD's round trip needs the interpreter lock in the
+umad receive thread, and a CPU-bound Python thread beside it keeps the lock
+for up to the switch interval (5 ms) each time it is asked for it. Routing
+in a thread while SMPs are in flight stalls them: measured over ibsim, a
+0.3 s bring-up of a 432-host tree took 50 s with one busy thread beside it.
+A forked child has its own interpreter: it routes on the other core while
+the parent configures ports, and verifies while the parent pushes the LFT
+blocks and activates the ports.
+
+``fork`` gives the child the fabric as it is at that instant without
+copying or pickling it in; only results travel back, each pickled down a
+pipe as soon as it is ready (a numpy LFT goes as one buffer). The child
+runs nothing but the given function: no event loop, no transport, no
+logging handlers of the parent's; it leaves with ``os._exit``. Where fork
+is missing or fails, the same function runs in a thread of this process,
+to the end, before :meth:`Offload.get` returns anything (no overlap then,
+and no stall either).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fabric.errors import IbfmError
+
+Emit = Callable[[Any], None]
+"""Hands one result to the parent, in order."""
+
+CHILD_NICE = 10
+"""The child's niceness: it computes on whatever CPU the MAD pipeline (the receive thread, and
+on ibsim the simulator) leaves, instead of slowing the SMPs it overlaps."""
+
+_LEN = struct.Struct("<Q")
+_OK, _ERR, _END = 0, 1, 2
+
+
+class OffloadError(IbfmError):
+    """The child died or sent what cannot be read; names what it was computing."""
+
+
+class Offload:
+    """Run ``work(emit)`` beside the event loop; :meth:`get` returns what it emits, in order.
+
+    An exception raised by ``work`` is raised by the :meth:`get` that would
+    have returned the next result. Use as an async context manager: leaving
+    it kills a child still running and reaps it.
+    """
+
+    def __init__(self, work: Callable[[Emit], None], *, what: str = "sweep computation", fork: bool = True) -> None:
+        self._work = work
+        self.what = what
+        self._want_fork = fork and hasattr(os, "fork")
+        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._pid: int | None = None
+        self._reader: threading.Thread | None = None
+        self._thread_task: asyncio.Future[None] | None = None
+        self.forked = False
+        self.child_status: int | None = None
+        self._final: BaseException | None = None
+        """What every get() raises once the results are over (the work's exception, or too many gets)."""
+
+    async def __aenter__(self) -> Offload:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._want_fork:
+            try:
+                self._start_fork(loop)
+                return
+            except OSError:  # no memory or no processes left for a child: compute here instead
+                pass
+        self._thread_task = loop.run_in_executor(None, self._run_inline, loop)
+
+    def _start_fork(self, loop: asyncio.AbstractEventLoop) -> None:
+        rfd, wfd = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(rfd)
+            os.close(wfd)
+            raise
+        if pid == 0:  # the child: compute, write, leave without running anything of the parent's
+            os.close(rfd)
+            code = 0
+            try:
+                self._child(wfd)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(wfd)
+        self._pid = pid
+        self.forked = True
+        self._reader = threading.Thread(target=self._read_loop, args=(rfd, loop), name="offload-reader", daemon=True)
+        self._reader.start()
+
+    # -- the child ------------------------------------------------------------------------------
+
+    def _child(self, wfd: int) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
+            os.nice(CHILD_NICE)
+
+        def send(kind: int, value: Any) -> None:
+            try:
+                blob = pickle.dumps((kind, value), protocol=5)
+                if kind == _ERR:
+                    pickle.loads(blob)  # an exception whose class cannot be rebuilt from its args
+            except Exception as e:
+                if kind == _ERR:  # keep its words: the message names the place
+                    value = OffloadError(f"{self.what}: {type(value).__name__}: {value}")
+                else:
+                    value = OffloadError(f"{self.what}: result cannot be sent back: {e!r}")
+                blob = pickle.dumps((_ERR, value))
+            _write_all(wfd, _LEN.pack(len(blob)) + blob)
+
+        try:
+            self._work(lambda value: send(_OK, value))
+        except BaseException as e:  # the parent re-raises it
+            send(_ERR, e)
+        send(_END, None)
+        os.close(wfd)
+
+    # -- the parent -----------------------------------------------------------------------------
+
+    def _read_loop(self, rfd: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Reader thread: blocking reads (the lock is free meanwhile), one message at a time."""
+
+        def put(item: tuple[int, Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+        try:
+            with os.fdopen(rfd, "rb", buffering=1 << 20) as pipe:
+                while True:
+                    head = pipe.read(_LEN.size)
+                    if len(head) < _LEN.size:
+                        put((_ERR, self._died()))
+                        return
+                    (size,) = _LEN.unpack(head)
+                    blob = pipe.read(size)
+                    if len(blob) < size:
+                        put((_ERR, self._died()))
+                        return
+                    try:
+                        item = pickle.loads(blob)
+                    except Exception as e:
+                        item = (_ERR, OffloadError(f"{self.what}: unreadable result from the child: {e!r}"))
+                    put(item)
+                    if item[0] != _OK:
+                        return
+        finally:
+            self._reap(block=True)
+
+    def _died(self) -> OffloadError:
+        status = self._reap(block=True)
+        if status is None:
+            how = "ended"
+        elif os.WIFSIGNALED(status):
+            how = f"was killed by signal {os.WTERMSIG(status)}"
+        else:
+            how = f"exited with status {os.WEXITSTATUS(status)}"
+        return OffloadError(f"{self.what}: the child process {how} before it was done")
+
+    def _reap(self, *, block: bool) -> int | None:
+        pid = self._pid
+        if pid is None:
+            return self.child_status
+        try:
+            got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            self._pid = None
+            return self.child_status
+        if got == pid:
+            self._pid = None
+            self.child_status = status
+        return self.child_status
+
+    def _run_inline(self, loop: asyncio.AbstractEventLoop) -> None:
+        def put(item: tuple[int, Any]) -> None:
+            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+        items: list[tuple[int, Any]] = []
+        try:
+            self._work(lambda value: items.append((_OK, value)))
+        except BaseException as e:  # re-raised by get()
+            items.append((_ERR, e))
+        items.append((_END, None))
+        for item in items:
+            put(item)
+
+    async def get(self) -> Any:
+        """The next result; raises what the work raised instead of it (and so does every later call)."""
+        if self._final is not None:
+            raise self._final
+        kind, value = await self._queue.get()
+        if kind == _OK:
+            return value
+        if kind == _END:
+            self._final = OffloadError(f"{self.what}: asked for more results than the work gave")
+        else:
+            self._final = value
+        raise self._final
+
+    async def close(self) -> None:
+        """Kill the child if it still runs and reap it; wait for an inline run to finish."""
+        pid = self._pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        reader = self._reader
+        if reader is not None:
+            deadline = time.monotonic() + 5.0
+            while reader.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+        self._reap(block=False)
+        if self._thread_task is not None:
+            with contextlib.suppress(Exception):
+                await self._thread_task
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
