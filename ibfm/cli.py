@@ -8,6 +8,7 @@ exit status. Errors derived from IbfmError print as one line, exit 2.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 from collections.abc import Sequence
@@ -47,6 +48,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv else None)
+    # What the imports made (modules, classes, pydantic schemas: tens of thousands of objects)
+    # lives as long as the process: out of the collector's sight, so a collection during a
+    # sweep looks only at the sweep's own objects (15 ms less per bring-up of a 432-host tree).
+    gc.freeze()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

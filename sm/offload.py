@@ -231,8 +231,10 @@ class Offload:
         reader = self._reader
         if reader is not None:
             deadline = time.monotonic() + 5.0
+            pause = 0.0002  # the child is usually done: its last message is in
             while reader.is_alive() and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.01)
         self._reap(block=False)
         if self._thread_task is not None:
             with contextlib.suppress(Exception):

@@ -127,110 +127,87 @@ async def _all(*steps: Coroutine[Any, Any, None]) -> None:
         raise
 
 
+Fields = dict[str, tuple[npt.NDArray[np.bool_], npt.NDArray[Any]]]
+"""PortInfo field -> (rows that set it, value per row) for a batch of Sets."""
+
+
 async def _port_info_sets(
     transport: WindowedTransport,
     d: Discovery,
-    targets: list[tuple[int, int, dict[str, int]]],
+    nodes: npt.NDArray[np.intp],
+    ports: npt.NDArray[np.intp],
+    fields: Fields,
     what: str,
-) -> list[tuple[int, int, dict[str, int], str | None]]:
-    """PortInfo Set ``want`` over what the port holds, on every (node, port); (node, port, want, failure).
+) -> tuple[npt.NDArray[np.bool_], list[str]]:
+    """PortInfo Set of ``fields`` over what each (node, port) holds; (taken per row, failures).
 
     The Sets are built as one array (the bytes each port holds, then each
-    field written for the rows that set it) and the GetResps checked as one:
+    field written into the rows that set it) and the GetResps checked as one:
     a Set is taken when the answer's PortState is the one asked for and no
-    byte of a field it set differs from what was sent. Each answer becomes
-    what the port holds, as bytes (``d.port_info`` decodes on demand).
+    byte of a field it set differs from what was sent (only rows where such a
+    byte differs are decoded: a switch port 1..N, e.g., shows port 0's LID).
+    Each answer becomes what the port holds, as bytes (``d.port_info``
+    decodes on demand).
     """
-    n = len(targets)
+    n = int(nodes.size)
     if not n:
-        return []
+        return np.zeros(0, bool), []
     f = d.fabric
-    is_switch = (f.node_type == NodeType.SWITCH).tolist()
-    paths, port_paths = d.paths, d.port_paths
-    table = d.port_info
-    routes: list[Path] = list(paths)
-    extra: dict[Path, int] = {}
-    which: list[int] = []
-    mods: list[int] = []
-    raws: list[bytes] = []
-    groups: dict[tuple[str, ...], list[int]] = {}
-    blank = bytes(PORT_INFO.size)
-    for r, (node, port, want) in enumerate(targets):
-        key = (node, port)
-        if is_switch[node]:
-            which.append(node)
-            mods.append(port)
-        else:
-            path = port_paths.get(key)
-            if path is None or path == paths[node]:
-                which.append(node)
-            else:
+    node_l, port_l = nodes.tolist(), ports.tolist()
+    keys = list(zip(node_l, port_l, strict=True))
+    # Route per row: the switch's path with the port as modifier; a CA by the path that reaches
+    # that port, modifier 0 (a CA answers for the port the SMP came in on).
+    routes: list[Path] = list(d.paths)
+    which = np.array(nodes, np.intp)
+    mods = np.array(ports, np.int64)
+    ca_rows = np.flatnonzero(f.node_type[nodes] != NodeType.SWITCH)
+    if ca_rows.size:
+        mods[ca_rows] = 0
+        extra: dict[Path, int] = {}
+        paths, port_paths = d.paths, d.port_paths
+        for r in ca_rows.tolist():
+            path = port_paths.get(keys[r])
+            if path is not None and path != paths[node_l[r]]:
                 k = extra.get(path)
                 if k is None:
                     k = extra[path] = len(routes)
                     routes.append(path)
-                which.append(k)
-            mods.append(0)
-        raws.append(table.raw(key) or blank)
-        sig = tuple(want)
-        rows = groups.get(sig)
-        if rows is None:
-            groups[sig] = [r]
-        else:
-            rows.append(r)
-    data = np.frombuffer(b"".join(raws), np.uint8).reshape(n, PORT_INFO.size).copy()
+                which[r] = k
+    raw, blank = d.port_info.raw, bytes(PORT_INFO.size)
+    data = np.frombuffer(b"".join([raw(k) or blank for k in keys]), np.uint8).reshape(n, PORT_INFO.size).copy()
     _PORT_INFO.clear_reserved(data)
-    everyone = range(n)
-    _PORT_INFO.patch_rows(data, "PortPhysicalState", everyone, [0] * n)
-    _PORT_INFO.patch_rows(data, "PortState", everyone, [w.get("PortState", 0) for _, _, w in targets])
-    for sig, rows in groups.items():
-        for name in sig:
-            if name not in _NO_CHANGE:
-                _PORT_INFO.patch_rows(data, name, rows, [targets[r][2][name] for r in rows])
-    res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, np.array(which), np.array(mods), data)
-    # Where an answer differs from what was sent, PortState and PortPhysicalState aside (switch
-    # ports 1..N, e.g., show port 0's LID): the fields in those bytes, per pattern of bytes.
-    differs = ((res.data ^ data) & _STATE_MASK) != 0
-    odd: dict[int, frozenset[str]] = {}
-    rows_odd = np.flatnonzero(differs.any(axis=1) & res.ok)
-    if rows_odd.size:
-        patterns: dict[bytes, frozenset[str]] = {}
-        for r, key in zip(rows_odd.tolist(), np.packbits(differs[rows_odd], axis=1), strict=True):
-            k = key.tobytes()
-            fields = patterns.get(k)
-            if fields is None:
-                fields = patterns[k] = frozenset(
-                    name for j in np.flatnonzero(differs[r]).tolist() for name in _PORT_INFO.fields_at(j)
-                )
-            odd[r] = fields
+    want_state = np.zeros(n, np.int64)
+    if "PortState" in fields:
+        rows, values = fields["PortState"]
+        want_state[rows] = values[rows]
+    _PORT_INFO.patch_rows(data, "PortPhysicalState", range(n), [0] * n)
+    _PORT_INFO.patch_rows(data, "PortState", range(n), want_state.tolist())
+    set_bytes = np.zeros(PORT_INFO.size, bool)
+    for name, (rows, values) in fields.items():
+        if name in _NO_CHANGE:
+            continue
+        at = np.flatnonzero(rows)
+        _PORT_INFO.patch_rows(data, name, at.tolist(), values[at].tolist())
+        set_bytes[[j for j in range(PORT_INFO.size) if name in _PORT_INFO.fields_at(j)]] = True
+    res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, which, mods, data)
+    failures = [
+        f"{f.port_name(node_l[r], port_l[r])}: PortInfo Set {what} failed: {err}" for r, err in res.errors.items()
+    ]
+    got_state = (res.data[:, 32] & 0x0F).astype(np.int64)
+    taken = res.ok & ((want_state == 0) | (got_state == want_state))
+    differs = ((res.data ^ data) & _STATE_MASK & np.where(set_bytes, 0xFF, 0).astype(np.uint8)) != 0
     blob = res.data.tobytes()
-    states = (res.data[:, 32] & 0x0F).tolist()
     size = PORT_INFO.size
-    out: list[tuple[int, int, dict[str, int], str | None]] = []
-    name_of = f.port_name
-    errors = res.errors
-    held: list[tuple[tuple[int, int], bytes]] = []
-    for r, (node, port, want) in enumerate(targets):
-        err = errors.get(r)
-        if err is not None:
-            out.append((node, port, want, f"{name_of(node, port)}: PortInfo Set {what} failed: {err}"))
-            continue
-        ans = blob[r * size : (r + 1) * size]
-        held.append(((node, port), ans))
-        state = want.get("PortState", 0)
-        fields = odd.get(r)
-        if (
-            (not state or states[r] == state)
-            and (fields is None or fields.isdisjoint(want))
-            and "PortPhysicalState" not in want  # (its bits are not compared above)
-        ):
-            out.append((node, port, want, None))
-            continue
-        got = _PORT_INFO.get_fields(ans, list(want))
-        bad = {k: (v, got.get(k)) for k, v in want.items() if got.get(k) != v}
-        out.append((node, port, want, f"{name_of(node, port)}: PortInfo Set {what} not taken: {bad}" if bad else None))
-    table.update_raw(held)  # later Sets build on what the ports now hold
-    return out
+    for r in np.flatnonzero(res.ok & (differs.any(axis=1) | ~taken)).tolist():
+        names = [name for name, (rows, _) in fields.items() if rows[r]]
+        got = _PORT_INFO.get_fields(blob[r * size : (r + 1) * size], names)
+        bad = {name: (int(fields[name][1][r]), got[name]) for name in names if got[name] != fields[name][1][r]}
+        taken[r] = not bad
+        if bad:
+            failures.append(f"{f.port_name(node_l[r], port_l[r])}: PortInfo Set {what} not taken: {bad}")
+    # Later Sets build on what the ports now hold.
+    d.port_info.update_raw((keys[r], blob[r * size : (r + 1) * size]) for r in np.flatnonzero(res.ok).tolist())
+    return taken, failures
 
 
 async def _set_port_infos(
@@ -242,62 +219,58 @@ async def _set_port_infos(
     prefix: int,
     rep: ProgramReport,
 ) -> None:
+    """LID, LMC, MasterSMLID and GID prefix on end ports, NeighborMTU and OperationalVLs on linked
+    ports, INIT -> ARMED on trained links: one Set per port that holds anything else."""
     f = d.fabric
     up = f.up_mask()
     endport = np.zeros_like(up)
     ep = f.endports()
     endport[ep[:, 0], ep[:, 1]] = True
-    # Candidates by array compare; the PortInfo as read decides exactly what to send.
-    cand = endport & ((f.lid != lids.base) | (f.lmc != lids.lmc))
-    cand |= up & ((f.mtu_active != links.mtu) | (f.op_vls != links.op_vls))
-    cand[:, 1:] |= up[:, 1:] & (f.state[:, 1:] == PortState.INIT)
-    for n, p in ep.tolist():
-        r = d.port_info.get((n, p))
-        if r is not None and (r.get("MasterSMLID") != sm_lid or r.get("GIDPrefix") != prefix):
-            cand[n, p] = True
-    targets: list[tuple[int, int, dict[str, int]]] = []
-    chosen: list[int] = []
-    cn, cp = np.nonzero(cand)
-    armable = up[cn, cp] & (cp != 0) & (f.state[cn, cp] == PortState.INIT)
-    is_end, lid, mtu, vls = endport[cn, cp], lids.base[cn, cp], links.mtu[cn, cp], links.op_vls[cn, cp]
+    # What the ports hold is in the model (as read, or as the last Sets left it), but MasterSMLID
+    # and the GID prefix, which come from the PortInfo of the end ports.
+    read = np.zeros_like(up)
+    sm_differs = np.zeros_like(up)
+    info = d.port_info
+    for n, p in zip(*np.nonzero(up | endport), strict=True):
+        key = (int(n), int(p))
+        if key in info:
+            read[n, p] = True
+            if endport[n, p]:
+                r = info[key]
+                sm_differs[n, p] = r.get("MasterSMLID") != sm_lid or r.get("GIDPrefix") != prefix
     lmc, armed = lids.lmc, int(PortState.ARMED)
-    port_info = d.port_info
-    columns = (cn, cp, is_end, lid, mtu, vls, armable)
-    for k, (node, port, e, lid_k, mtu_k, vls_k, arm) in enumerate(zip(*(c.tolist() for c in columns), strict=True)):
-        read = port_info.get((node, port))
-        if read is None:
-            continue
-        # Only what differs from what the port holds is sent.
-        g = read.get
-        if e:
-            want = {"LID": lid_k, "LMC": lmc, "MasterSMLID": sm_lid, "GIDPrefix": prefix}
-            differs = g("LID") != lid_k or g("LMC") != lmc or g("MasterSMLID") != sm_lid or g("GIDPrefix") != prefix
-        else:
-            want, differs = {}, False
-        if mtu_k:
-            want["NeighborMTU"], want["OperationalVLs"] = mtu_k, vls_k
-            differs = differs or g("NeighborMTU") != mtu_k or g("OperationalVLs") != vls_k
-        # A trained link in INIT is armed by the same Set; ACTIVE follows once the LFTs are in.
-        if arm:
-            want["PortState"] = armed
-            differs = differs or g("PortState") != armed
-        if differs:
-            targets.append((node, port, want))
-            chosen.append(k)
-    results = await _port_info_sets(transport, d, targets, "config")
-    ok = np.array([failure is None for *_, failure in results], bool)
-    rep.failures += [failure for *_, failure in results if failure is not None]
+    linked = up & (links.mtu != 0)
+    armable = up & (f.state == PortState.INIT)
+    armable[:, 0] = False
+    wanted = (
+        (endport & ((f.lid != lids.base) | (f.lmc != lmc) | sm_differs))
+        | (linked & ((f.mtu_active != links.mtu) | (f.op_vls != links.op_vls)))
+        | armable
+    )
+    cn, cp = np.nonzero(read & wanted)
+    is_end, has_mtu, arm = endport[cn, cp], linked[cn, cp], armable[cn, cp]
+    k = cn.size
+    fields: Fields = {
+        "LID": (is_end, lids.base[cn, cp].astype(np.int64)),
+        "LMC": (is_end, np.full(k, lmc, np.int64)),
+        "MasterSMLID": (is_end, np.full(k, sm_lid, np.int64)),
+        "GIDPrefix": (is_end, np.full(k, prefix, np.uint64)),
+        "NeighborMTU": (has_mtu, links.mtu[cn, cp].astype(np.int64)),
+        "OperationalVLs": (has_mtu, links.op_vls[cn, cp].astype(np.int64)),
+        "PortState": (arm, np.full(k, armed, np.int64)),
+    }
+    ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "config")
+    rep.failures += failures
     rep.port_sets += int(ok.sum())
     # What the ports now hold, into the model in one go per field.
-    sel = np.array(chosen, np.intp)[ok]
-    n, p = cn[sel], cp[sel]
-    m = is_end[sel]
-    f.lid[n[m], p[m]] = lid[sel][m]
+    n, p = cn[ok], cp[ok]
+    m = is_end[ok]
+    f.lid[n[m], p[m]] = lids.base[n[m], p[m]]
     f.lmc[n[m], p[m]] = lmc
-    m = mtu[sel] != 0
-    f.mtu_active[n[m], p[m]] = mtu[sel][m]
-    f.op_vls[n[m], p[m]] = vls[sel][m]
-    m = armable[sel]
+    m = has_mtu[ok]
+    f.mtu_active[n[m], p[m]] = links.mtu[n[m], p[m]]
+    f.op_vls[n[m], p[m]] = links.op_vls[n[m], p[m]]
+    m = arm[ok]
     f.state[n[m], p[m]] = armed
     rep.armed += int(m.sum())
 
@@ -385,9 +358,8 @@ async def _activate(transport: WindowedTransport, d: Discovery, rep: ProgramRepo
     f = d.fabric
     active = int(PortState.ACTIVE)
     cn, cp = np.nonzero(f.up_mask() & (f.state == PortState.ARMED))
-    targets = [(n, p, {"PortState": active}) for n, p in zip(cn.tolist(), cp.tolist(), strict=True)]
-    results = await _port_info_sets(transport, d, targets, "ACTIVE")
-    ok = np.array([failure is None for *_, failure in results], bool)
-    rep.failures += [failure for *_, failure in results if failure is not None]
+    fields: Fields = {"PortState": (np.ones(cn.size, bool), np.full(cn.size, active, np.int64))}
+    ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "ACTIVE")
+    rep.failures += failures
     f.state[cn[ok], cp[ok]] = active
     rep.activated += int(ok.sum())

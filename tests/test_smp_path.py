@@ -282,6 +282,7 @@ class _Meddling(EmulatedTransport):
         super().__init__(emu, **kw)  # type: ignore[arg-type]
         self.changed, self.lost = changed, lost
         self.ignore_active: tuple[int, ...] = ()
+        self.refuse_mtu: tuple[int, ...] = ()
         self.on = True
 
     def _post(self, mad: bytes, route: Route) -> None:
@@ -300,6 +301,10 @@ class _Meddling(EmulatedTransport):
             pi = PORT_INFO.unpack(m.data)
             if pi["PortState"] == PortState.ACTIVE:
                 mad = make_response(mad, PORT_INFO.pack(pi | {"PortState": int(PortState.ARMED)}))
+        refuse = self.on and m.initial_path in self.refuse_mtu
+        if refuse and m.attr_id == SmpAttr.PORT_INFO and m.method == Method.GET_RESP:
+            pi = PORT_INFO.unpack(m.data)
+            mad = make_response(mad, PORT_INFO.pack(pi | {"NeighborMTU": 1}))
         super()._deliver(mad)
 
 
@@ -325,6 +330,21 @@ async def test_program_names_failed_blocks_and_sends_them_again() -> None:
     again = await mgr.heavy_sweep()
     assert not again.program.failures and again.up
     assert again.program.blocks_sent == 2
+
+
+async def test_a_portinfo_field_the_answer_does_not_show_is_named() -> None:
+    f = fattree(2, 4)
+    emu = EmulatedFabric(f)
+    sw = f.switches.tolist()
+    t = _Meddling(emu, changed=(), lost=())
+    t.refuse_mtu = (emu.dr_path(sw[1]),)
+    snap = await FabricManager(t, SmConfig()).heavy_sweep()
+    name = snap.fabric.names[snap.fabric.by_guid(int(f.node_guid[sw[1]]))]
+    bad = [x for x in snap.program.failures if x.startswith(f"{name}[") and "PortInfo Set config not taken" in x]
+    # Every linked port of that switch: the MTU it was sent (5: 4096) is not what it answers (1).
+    assert len(bad) == int(f.up_mask()[sw[1], 1:].sum())
+    assert all("'NeighborMTU': (5, 1)" in x and "LID" not in x for x in bad)
+    assert not snap.up
 
 
 def test_a_transport_outlives_its_event_loop() -> None:
