@@ -51,8 +51,10 @@ class _NodeRec:
     desc: str = ""
     port_guids: dict[int, int] = field(default_factory=dict)
     port_paths: dict[int, Path] = field(default_factory=dict)
-    port_info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    port_phys: dict[int, int] = field(default_factory=dict)
+    """Port -> PortPhysicalState as read."""
     port_raw: dict[int, bytes] = field(default_factory=dict)
+    """Port -> PortInfo bytes as read."""
     switch_info: dict[str, Any] | None = None
 
 
@@ -248,9 +250,8 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
             if len(dwhich) > at:
                 dpaths.append(path)
         res = await smp_batch_dr(transport, Method.GET, np.array(dattr), dpaths, np.array(dwhich), np.array(dmod))
-        # PortInfo rows decoded together (ports of a switch differ in a few bytes).
-        pi_rows = np.flatnonzero(res.ok & (np.array(dattr) == SmpAttr.PORT_INFO))
-        port_infos = dict(zip(pi_rows.tolist(), _PORT_INFO.unpack_rows(res.data[pi_rows]), strict=True))
+        # PortInfo stays bytes (decoded as arrays when the model is built); the link state now.
+        phys = _PORT_INFO.column(res.data, "PortPhysicalState").tolist()
         blob = res.data.tobytes()
         for r, (rec, what, mod) in enumerate(sinks):
             err = res.errors.get(r)
@@ -263,7 +264,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
             elif what == "switch":
                 rec.switch_info = SWITCH_INFO.unpack(ans)
             else:
-                rec.port_info[mod] = port_infos[r]
+                rec.port_phys[mod] = phys[r]
                 rec.port_raw[mod] = ans
         nxt: list[tuple[Path, int | None, int | None, dict[str, Any] | None]] = []
         for path, _parent, _pport, _ni in frontier:
@@ -281,7 +282,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
             nxt.extend(
                 ((*path, p), rec.guid, p, None)
                 for p in ports
-                if rec.port_info.get(p, {}).get("PortPhysicalState") == linkup and (rec.guid, p) not in links
+                if rec.port_phys.get(p) == linkup and (rec.guid, p) not in links
             )
         frontier = nxt
 
@@ -292,8 +293,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
     port_info = PortInfoTable()
     for r in nodes.values():
         n = fabric.by_guid(r.guid)
-        for p, pi in r.port_info.items():
-            port_info.set_raw((n, p), r.port_raw[p], pi)
+        port_info.update_raw(((n, p), raw) for p, raw in r.port_raw.items())
     sm_node = fabric.by_guid(sm_guid)
     return Discovery(
         fabric,
@@ -366,14 +366,15 @@ def apply_port_info(f: Fabric, n: int, p: int, pi: dict[str, Any]) -> None:
     f.lmc[n, p] = int(pi["LMC"])
 
 
-def apply_port_infos(f: Fabric, where: list[tuple[int, int]], infos: list[dict[str, Any]]) -> None:
-    """:func:`apply_port_info` for many ports at once: ``infos[k]`` read at ``where[k]`` (distinct ports)."""
+def apply_port_infos(f: Fabric, where: list[tuple[int, int]], rows: npt.NDArray[np.uint8]) -> None:
+    """:func:`apply_port_info` for many ports at once: PortInfo bytes ``rows[k]`` read at ``where[k]``
+    (distinct ports), decoded as columns."""
     if not where:
         return
     n, p = np.array(where, np.intp).T
 
     def col(name: str) -> npt.NDArray[np.int64]:
-        return np.fromiter((pi[name] for pi in infos), np.int64, len(infos))
+        return _PORT_INFO.column(rows, name).astype(np.int64)
 
     def nonzero_or_kept(name: str, arr: npt.NDArray[Any]) -> None:
         v = col(name)
@@ -382,25 +383,15 @@ def apply_port_infos(f: Fabric, where: list[tuple[int, int]], infos: list[dict[s
     nonzero_or_kept("LinkWidthSupported", f.width_cap)
     nonzero_or_kept("MTUCap", f.mtu_cap)
     nonzero_or_kept("VLCap", f.vl_cap)
-    caps: dict[tuple[int, int], Speed] = {}
-    actives: dict[tuple[int, int], int] = {}
-    speed_cap, speed_active = [], []
-    for pi in infos:
-        key = (pi["LinkSpeedSupported"], pi["LinkSpeedExtSupported"])
-        cap = caps.get(key)
-        if cap is None:
-            cap = caps[key] = _speed_cap(pi)
-        speed_cap.append(cap)
-        key = (pi["LinkSpeedActive"], pi["LinkSpeedExtActive"])
-        act = actives.get(key)
-        if act is None:
-            try:
-                act = actives[key] = speed_from_portinfo(*key)
-            except ValueError:
-                act = actives[key] = 0
-        speed_active.append(act)
-    f.speed_cap[n, p] = speed_cap
-    f.speed_active[n, p] = speed_active
+    # Speeds by the few distinct (basic, extended) pairs there are.
+    for names, arr, decode in (
+        (("LinkSpeedSupported", "LinkSpeedExtSupported"), f.speed_cap, _speed_cap_of),
+        (("LinkSpeedActive", "LinkSpeedExtActive"), f.speed_active, _speed_active_of),
+    ):
+        pairs = col(names[0]) << 32 | col(names[1])
+        for pair in set(pairs.tolist()):
+            at = pairs == pair
+            arr[n[at], p[at]] = decode(pair >> 32, pair & 0xFFFFFFFF)
     for name, arr in (
         ("PortState", f.state),
         ("PortPhysicalState", f.phys_state),
@@ -411,6 +402,17 @@ def apply_port_infos(f: Fabric, where: list[tuple[int, int]], infos: list[dict[s
         ("LMC", f.lmc),
     ):
         arr[n, p] = col(name)
+
+
+def _speed_cap_of(supported: int, ext_supported: int) -> int:
+    return int(_speed_cap({"LinkSpeedSupported": supported, "LinkSpeedExtSupported": ext_supported}))
+
+
+def _speed_active_of(active: int, ext_active: int) -> int:
+    try:
+        return int(speed_from_portinfo(active, ext_active))
+    except ValueError:
+        return 0
 
 
 def _build(
@@ -447,19 +449,19 @@ def _build(
     f = b.build()
     sw_info: dict[int, dict[str, Any]] = {}
     where: list[tuple[int, int]] = []
-    infos: list[dict[str, Any]] = []
+    raws: list[bytes] = []
     for i, r in enumerate(recs):
         if r.switch_info is not None:
             sw_info[i] = r.switch_info
-        for p, pi in r.port_info.items():
+        for p, raw in r.port_raw.items():
             where.append((i, p))
-            infos.append(pi)
+            raws.append(raw)
         if r.type != NodeType.SWITCH:
             # A CA port never reached has no known GUID: it is not an end port (yet).
             for p in range(1, r.nports + 1):
                 if p not in r.port_guids:
                     f.port_exists[i, p] = False
-    apply_port_infos(f, where, infos)
+    apply_port_infos(f, where, np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), PORT_INFO.size))
     # Ports whose PortInfo says the link is down keep no cable in the model.
     up = f.phys_state == PhysState.LINKUP
     stale = (f.peer_node >= 0) & ~up

@@ -231,13 +231,17 @@ async def _set_port_infos(
     read = np.zeros_like(up)
     sm_differs = np.zeros_like(up)
     info = d.port_info
-    for n, p in zip(*np.nonzero(up | endport), strict=True):
-        key = (int(n), int(p))
-        if key in info:
-            read[n, p] = True
-            if endport[n, p]:
-                r = info[key]
-                sm_differs[n, p] = r.get("MasterSMLID") != sm_lid or r.get("GIDPrefix") != prefix
+    rn, rp = np.nonzero(up | endport)
+    keys = list(zip(rn.tolist(), rp.tolist(), strict=True))
+    has = np.array([k in info for k in keys], bool)
+    read[rn[has], rp[has]] = True
+    en, epp = rn[has & endport[rn, rp]], rp[has & endport[rn, rp]]
+    if en.size:
+        raws = b"".join([info.raw(k) or b"" for k in zip(en.tolist(), epp.tolist(), strict=True)])
+        rows = np.frombuffer(raws, np.uint8).reshape(en.size, PORT_INFO.size)
+        sm_differs[en, epp] = (_PORT_INFO.column(rows, "MasterSMLID") != sm_lid) | (
+            _PORT_INFO.column(rows, "GIDPrefix") != np.uint64(prefix)
+        )
     lmc, armed = lids.lmc, int(PortState.ARMED)
     linked = up & (links.mtu != 0)
     armable = up & (f.state == PortState.INIT)

@@ -359,6 +359,13 @@ class RowCodec:
             word = word << np.uint64(8) | rows[:, j].astype(np.uint64)
         return word
 
+    def column(self, rows: npt.NDArray[np.uint8], name: str) -> npt.NDArray[np.uint64]:
+        """Integer field ``name`` of every row of a (rows, >= size) array."""
+        if name not in self._bytes:
+            raise SmpError(f"{self._layout.name}.{name}: not an integer field within 8 bytes")
+        first, last, shift, mask = self._bytes[name]
+        return (self._words(rows, first, last) >> np.uint64(shift)) & np.uint64(mask)
+
     def unpack_rows(self, rows: npt.NDArray[np.uint8]) -> list[dict[str, FieldValue]]:
         """``Layout.unpack`` of every row of a (rows, >= size) array: equal dicts, same key order.
 

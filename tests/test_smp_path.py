@@ -174,6 +174,25 @@ def test_row_codec_unpacks_like_the_layout(key: tuple[int, int]) -> None:
                 assert d == ref and list(d) == list(ref)
 
 
+@pytest.mark.parametrize("key", sorted(ATTRIBUTES), ids=lambda k: ATTRIBUTES[k].name)
+def test_row_codec_columns_are_the_layouts_fields(key: tuple[int, int]) -> None:
+    layout = ATTRIBUTES[key]
+    codec = RowCodec(layout)
+    rng = random.Random(key[1] + 7)
+    rows = _similar_rows(rng, layout.size, 50)
+    arr = np.frombuffer(b"".join(rows), np.uint8).reshape(50, layout.size)
+    refs = [layout.unpack(raw) for raw in rows]
+    columns = 0
+    for f in layout.fields:
+        if f.is_bytes or (f.offset + f.width + 7) // 8 - f.offset // 8 > 8:
+            with pytest.raises(SmpError, match=f.name):
+                codec.column(arr, f.name)
+            continue
+        assert codec.column(arr, f.name).tolist() == [d[f.name] for d in refs], f.name
+        columns += 1
+    assert columns or all(f.is_bytes or f.width > 64 for f in layout.fields)
+
+
 def test_row_codec_patches_like_pack() -> None:
     codec = RowCodec(PORT_INFO)
     rng = random.Random(4)
