@@ -68,6 +68,7 @@ class Offload:
         self.forked = False
         self.child_status: int | None = None
         self._final: BaseException | None = None
+        self._parent = 0
         """What every get() raises once the results are over (the work's exception, or too many gets)."""
 
     async def __aenter__(self) -> Offload:
@@ -91,6 +92,7 @@ class Offload:
 
     def _start_fork(self, loop: asyncio.AbstractEventLoop) -> None:
         rfd, wfd = os.pipe()
+        self._parent = os.getpid()
         try:
             pid = os.fork()
         except OSError:
@@ -120,6 +122,9 @@ class Offload:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         with contextlib.suppress(OSError):
             os.nice(CHILD_NICE)
+        _die_with_parent()
+        if os.getppid() != self._parent:  # the parent died before the line above
+            raise SystemExit(1)
 
         def send(kind: int, value: Any) -> None:
             try:
@@ -239,6 +244,17 @@ class Offload:
         if self._thread_task is not None:
             with contextlib.suppress(Exception):
                 await self._thread_task
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this child when the parent dies (Linux): it holds the parent's descriptors, the
+    umad and issm devices among them, which no one else could take while it runs on."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
