@@ -136,14 +136,14 @@ async def scenario_burst(args: dict[str, Any]) -> dict[str, Any]:
         count = int(args["count"])
         expect = {p: NODE_INFO.unpack((await _get(t, SmpAttr.NODE_INFO, p)).data)["PortGUID"] for p in paths}
         in_flight = 0
-        post = t._post
+        post = t._post_request
 
-        def counting_post(mad: bytes, route: Any) -> None:
+        def counting_post(mad: bytes, route: Any, tid: int) -> None:
             nonlocal in_flight
             in_flight = max(in_flight, len(t._pending))  # requests on the wire, this one included
-            post(mad, route)
+            post(mad, route, tid)
 
-        t._post = counting_post
+        t._post_request = counting_post  # type: ignore[method-assign]
 
         async def one(i: int) -> bool:
             p = paths[i % len(paths)]

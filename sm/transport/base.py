@@ -139,6 +139,14 @@ class WindowedTransport(ABC):
         Called with the engine lock held: it must not deliver synchronously.
         """
 
+    def _post_request(self, mad: bytes, route: Route, tid: int) -> None:
+        """Put request ``mad`` on the wire with ``tid`` in its TID field (low 32 bits).
+
+        By default a copy with the TID goes to :meth:`_post`; a transport that
+        copies each MAD into a buffer of its own writes the TID there instead.
+        """
+        self._post(mad[:8] + _TID.pack(tid) + mad[16:], route)
+
     async def _close(self) -> None:  # noqa: B027 - optional hook
         """Release the device; called once by :meth:`close`."""
 
@@ -213,8 +221,6 @@ class WindowedTransport(ABC):
         mad, route = b.requests[i]
         tid = self._next_tid
         self._next_tid = tid + 1 if tid < 0xFFFFFFFF else 1
-        if len(mad) >= 24:
-            mad = mad[:8] + _TID.pack(tid) + mad[16:]
         deadline = time.monotonic() + b.tmo
         self._pending[tid] = (b, i, attempt, deadline)
         if not self._THREADED:
@@ -227,7 +233,10 @@ class WindowedTransport(ABC):
                 self._timer_loop = b.loop
         self.stats.sent += 1
         try:
-            self._post(mad, route)
+            if len(mad) >= 24:
+                self._post_request(mad, route, tid)
+            else:
+                self._post(mad, route)
         except Exception as e:  # reported in the request's result, named
             self._pending.pop(tid, None)
             err = e if isinstance(e, IbfmError) else TransportError(f"{describe_route(route)}: cannot send: {e}")

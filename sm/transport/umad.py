@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sm.transport.base import Route, TransportError, WindowedTransport
+from sm.transport.base import _TID, TID_OFFSET, Route, TransportError, WindowedTransport
 
 log = logging.getLogger(__name__)
 
@@ -588,7 +588,16 @@ class UmadTransport(WindowedTransport):
     # -- wire -----------------------------------------------------------------
 
     def _post(self, mad: bytes, route: Route) -> None:
-        # Called with the engine lock held (from the loop or the receive thread): one send buffer.
+        self._send(mad, route, None)
+
+    def _post_request(self, mad: bytes, route: Route, tid: int) -> None:
+        self._send(mad, route, tid)
+
+    def _send(self, mad: bytes, route: Route, tid: int | None) -> None:
+        """``mad`` into the send buffer (with ``tid`` written into it, if given) and out.
+
+        Called with the engine lock held (from the loop or the receive thread): one send buffer.
+        """
         view = self._send_view
         if view is None or self._portid < 0:
             raise TransportError("transport not started")
@@ -619,6 +628,8 @@ class UmadTransport(WindowedTransport):
             self._send_addr = addr
         hs = self._hdr_size
         view[hs : hs + n] = mad
+        if tid is not None:
+            _TID.pack_into(view, hs + TID_OFFSET, tid)
         if n < MAD_SIZE:
             view[hs + n : hs + MAD_SIZE] = bytes(MAD_SIZE - n)
         rc = self._umad_send(self._portid, self._agents[mclass], self._send_buf, MAD_SIZE, 0, 0)
