@@ -210,6 +210,10 @@ async def _port_info_sets(
     return taken, failures
 
 
+_HELD = ("LID", "LMC", "MasterSMLID", "GIDPrefix", "NeighborMTU", "OperationalVLs", "PortState")
+"""PortInfo fields stage 1 compares with the plan."""
+
+
 async def _set_port_infos(
     transport: WindowedTransport,
     d: Discovery,
@@ -226,29 +230,34 @@ async def _set_port_infos(
     endport = np.zeros_like(up)
     ep = f.endports()
     endport[ep[:, 0], ep[:, 1]] = True
-    # What the ports hold is in the model (as read, or as the last Sets left it), but MasterSMLID
-    # and the GID prefix, which come from the PortInfo of the end ports.
-    read = np.zeros_like(up)
-    sm_differs = np.zeros_like(up)
+    # What each port holds: its PortInfo as read or as the last Set left it (not the model, which
+    # the manager has already given the link plan), as columns.
     info = d.port_info
     rn, rp = np.nonzero(up | endport)
-    keys = list(zip(rn.tolist(), rp.tolist(), strict=True))
-    has = np.array([k in info for k in keys], bool)
-    read[rn[has], rp[has]] = True
-    en, epp = rn[has & endport[rn, rp]], rp[has & endport[rn, rp]]
-    if en.size:
-        raws = b"".join([info.raw(k) or b"" for k in zip(en.tolist(), epp.tolist(), strict=True)])
-        rows = np.frombuffer(raws, np.uint8).reshape(en.size, PORT_INFO.size)
-        sm_differs[en, epp] = (_PORT_INFO.column(rows, "MasterSMLID") != sm_lid) | (
-            _PORT_INFO.column(rows, "GIDPrefix") != np.uint64(prefix)
-        )
+    keys = [k for k in zip(rn.tolist(), rp.tolist(), strict=True) if k in info]
+    held = {name: np.zeros(up.shape, np.uint64) for name in _HELD}
+    read = np.zeros_like(up)
+    if keys:
+        kn, kp = np.array(keys, np.intp).reshape(-1, 2).T
+        read[kn, kp] = True
+        rows = np.frombuffer(b"".join([info.raw(k) or b"" for k in keys]), np.uint8).reshape(len(keys), -1)
+        for name in _HELD:
+            held[name][kn, kp] = _PORT_INFO.column(rows, name)
     lmc, armed = lids.lmc, int(PortState.ARMED)
     linked = up & (links.mtu != 0)
-    armable = up & (f.state == PortState.INIT)
+    armable = up & (held["PortState"] == PortState.INIT)
     armable[:, 0] = False
     wanted = (
-        (endport & ((f.lid != lids.base) | (f.lmc != lmc) | sm_differs))
-        | (linked & ((f.mtu_active != links.mtu) | (f.op_vls != links.op_vls)))
+        (
+            endport
+            & (
+                (held["LID"] != lids.base)
+                | (held["LMC"] != lmc)
+                | (held["MasterSMLID"] != sm_lid)
+                | (held["GIDPrefix"] != np.uint64(prefix))
+            )
+        )
+        | (linked & ((held["NeighborMTU"] != links.mtu) | (held["OperationalVLs"] != links.op_vls)))
         | armable
     )
     cn, cp = np.nonzero(read & wanted)

@@ -226,3 +226,20 @@ def test_port_info_table_keeps_bytes_and_dicts_in_step() -> None:
     assert t.raw((5, 5)) is None
     del t[(1, 2)]
     assert (1, 2) not in t and len(copy) == 1
+
+
+async def test_a_new_mtu_cap_reaches_ports_that_are_already_active() -> None:
+    # What decides a Set is what the port holds (its PortInfo), not the model, which the manager
+    # gives the link plan before programming.
+    f = fattree(2, 4)
+    emu = EmulatedFabric(f)
+    t = EmulatedTransport(emu)
+    first = await FabricManager(t, SmConfig(max_mtu=5)).heavy_sweep()
+    assert first.up
+    again = await FabricManager(t, SmConfig(max_mtu=4)).heavy_sweep()
+    links = int(f.up_mask()[:, 1:].sum())
+    assert again.up and again.program.port_sets == links and again.program.armed == 0
+    up = emu.fabric.up_mask()
+    up[:, 0] = False
+    assert (emu.fabric.mtu_active[up] == 4).all()
+    assert (emu.fabric.state[up] == PortState.ACTIVE).all()
