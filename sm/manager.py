@@ -423,7 +423,8 @@ class FabricManager:
             routed = await result("routing")
             return routed.lft
 
-        async with Offload(compute, what=f"sweep {sweep_no}: routing and checks", fork=cfg.offload) as off:
+        what = f"sweep {sweep_no}: routing and checks"
+        async with Offload(compute, what=what, fork=cfg.offload, urgent=1) as off:  # the LFT is urgent
             with stage("program"):
                 prog = await program_fabric(
                     self.transport,

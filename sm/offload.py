@@ -38,8 +38,9 @@ Emit = Callable[[Any], None]
 """Hands one result to the parent, in order."""
 
 CHILD_NICE = 10
-"""The child's niceness: it computes on whatever CPU the MAD pipeline (the receive thread, and
-on ibsim the simulator) leaves, instead of slowing the SMPs it overlaps."""
+"""The child's niceness once its urgent results are out (``urgent``): the rest is computed on
+whatever CPU the MAD pipeline (the receive thread, and on ibsim the simulator) leaves, instead of
+slowing the SMPs it overlaps."""
 
 _LEN = struct.Struct("<Q")
 _OK, _ERR, _END = 0, 1, 2
@@ -57,7 +58,11 @@ class Offload:
     it kills a child still running and reaps it.
     """
 
-    def __init__(self, work: Callable[[Emit], None], *, what: str = "sweep computation", fork: bool = True) -> None:
+    def __init__(
+        self, work: Callable[[Emit], None], *, what: str = "sweep computation", fork: bool = True, urgent: int = 0
+    ) -> None:
+        """``urgent``: how many of the first results the parent waits on (the child computes those
+        at the parent's priority, the rest at :data:`CHILD_NICE`)."""
         self._work = work
         self.what = what
         self._want_fork = fork and hasattr(os, "fork")
@@ -67,6 +72,7 @@ class Offload:
         self._thread_task: asyncio.Future[None] | None = None
         self.forked = False
         self.child_status: int | None = None
+        self._urgent = urgent
         self._final: BaseException | None = None
         self._parent = 0
         """What every get() raises once the results are over (the work's exception, or too many gets)."""
@@ -120,8 +126,6 @@ class Offload:
         with contextlib.suppress(ValueError, OSError):
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with contextlib.suppress(OSError):
-            os.nice(CHILD_NICE)
         _die_with_parent()
         if os.getppid() != self._parent:  # the parent died before the line above
             raise SystemExit(1)
@@ -139,8 +143,21 @@ class Offload:
                 blob = pickle.dumps((_ERR, value))
             _write_all(wfd, _LEN.pack(len(blob)) + blob)
 
+        sent = 0
+
+        def emit(value: Any) -> None:
+            nonlocal sent
+            send(_OK, value)
+            sent += 1
+            if sent == self._urgent:
+                with contextlib.suppress(OSError):
+                    os.nice(CHILD_NICE)
+
+        if not self._urgent:
+            with contextlib.suppress(OSError):
+                os.nice(CHILD_NICE)
         try:
-            self._work(lambda value: send(_OK, value))
+            self._work(emit)
         except BaseException as e:  # the parent re-raises it
             send(_ERR, e)
         send(_END, None)

@@ -250,6 +250,22 @@ async def test_a_child_killed_by_a_signal_is_reported_and_reaped() -> None:
         assert gone(pid)
 
 
+@pytest.mark.parametrize("urgent", [0, 1, 2])
+async def test_the_child_computes_its_urgent_results_at_the_parents_priority(urgent: int) -> None:
+    from sm.offload import CHILD_NICE
+
+    base = os.nice(0)
+
+    def work(emit: Emit) -> None:
+        for _ in range(3):
+            emit(os.nice(0))
+
+    async with Offload(work, fork=True, urgent=urgent) as off:
+        got = [await guarded(off.get()) for _ in range(3)]
+    assert got == [base] * urgent + [base + CHILD_NICE] * (3 - urgent)
+    assert os.nice(0) == base  # the parent's own priority is untouched
+
+
 async def test_a_child_that_exits_early_is_reported_with_its_status() -> None:
     def work(emit: Emit) -> None:
         emit(os.getpid())
