@@ -437,6 +437,7 @@ class FabricManager:
                     held=self.held,
                 )
             programmed_at = time.time()
+            off.hurry()  # nothing left to slow down: the checks get the CPU
             # Checked while the blocks went out, so a repair reaches the switches first.
             report: VerifyReport = await result("verify")
             loops: list[CreditLoop] = await result("credit_loops") if check_loops else []

@@ -38,9 +38,9 @@ Emit = Callable[[Any], None]
 """Hands one result to the parent, in order."""
 
 CHILD_NICE = 10
-"""The child's niceness once its urgent results are out (``urgent``): the rest is computed on
-whatever CPU the MAD pipeline (the receive thread, and on ibsim the simulator) leaves, instead of
-slowing the SMPs it overlaps."""
+"""Once its urgent results are out (``urgent``), the child computes the rest on whatever CPU the
+MAD pipeline (the receive thread, and on ibsim the simulator) leaves: SCHED_IDLE, or this
+niceness where that policy is missing. :meth:`Offload.hurry` lifts it when the parent waits."""
 
 _LEN = struct.Struct("<Q")
 _OK, _ERR, _END = 0, 1, 2
@@ -150,12 +150,10 @@ class Offload:
             send(_OK, value)
             sent += 1
             if sent == self._urgent:
-                with contextlib.suppress(OSError):
-                    os.nice(CHILD_NICE)
+                _background()
 
         if not self._urgent:
-            with contextlib.suppress(OSError):
-                os.nice(CHILD_NICE)
+            _background()
         try:
             self._work(emit)
         except BaseException as e:  # the parent re-raises it
@@ -231,6 +229,17 @@ class Offload:
         for item in items:
             put(item)
 
+    def hurry(self) -> None:
+        """The parent now waits on the child: back to the parent's priority, where the system
+        lets it (as root it does; otherwise the child goes on at its lowered priority)."""
+        pid = self._pid
+        if pid is None:
+            return
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))  # type: ignore[attr-defined]
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0))
+
     async def get(self) -> Any:
         """The next result; raises what the work raised instead of it (and so does every later call)."""
         if self._final is not None:
@@ -261,6 +270,16 @@ class Offload:
         if self._thread_task is not None:
             with contextlib.suppress(Exception):
                 await self._thread_task
+
+
+def _background() -> None:
+    """This process from now on: only on CPU that nothing else wants (SCHED_IDLE where Linux has it,
+    else nice :data:`CHILD_NICE`)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(CHILD_NICE)
 
 
 def _die_with_parent() -> None:

@@ -254,16 +254,35 @@ async def test_a_child_killed_by_a_signal_is_reported_and_reaped() -> None:
 async def test_the_child_computes_its_urgent_results_at_the_parents_priority(urgent: int) -> None:
     from sm.offload import CHILD_NICE
 
-    base = os.nice(0)
+    def policy() -> tuple[int, int]:
+        return os.sched_getscheduler(0), os.nice(0)
+
+    def work_policy(emit: Emit) -> None:
+        for _ in range(3):
+            emit(policy())
+
+    mine = policy()
+    lowered = (os.SCHED_IDLE, mine[1])  # SCHED_IDLE on Linux (nice is left as it was)
+    async with Offload(work_policy, fork=True, urgent=urgent) as off:
+        got = [await guarded(off.get()) for _ in range(3)]
+    assert got == [mine] * urgent + [lowered] * (3 - urgent)
+    assert policy() == mine  # the parent's own priority is untouched
+    assert CHILD_NICE > 0
+
+
+async def test_hurry_gives_a_lowered_child_the_parents_priority_back() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("raising a priority back needs root outside CI")  # CI runs as root
 
     def work(emit: Emit) -> None:
-        for _ in range(3):
-            emit(os.nice(0))
+        emit(os.sched_getscheduler(0))
+        time.sleep(0.3)  # the parent hurries the child meanwhile
+        emit(os.sched_getscheduler(0))
 
-    async with Offload(work, fork=True, urgent=urgent) as off:
-        got = [await guarded(off.get()) for _ in range(3)]
-    assert got == [base] * urgent + [base + CHILD_NICE] * (3 - urgent)
-    assert os.nice(0) == base  # the parent's own priority is untouched
+    async with Offload(work, fork=True, urgent=0) as off:
+        assert await guarded(off.get()) == os.SCHED_IDLE
+        off.hurry()
+        assert await guarded(off.get()) == os.SCHED_OTHER
 
 
 async def test_a_child_that_exits_early_is_reported_with_its_status() -> None:
