@@ -117,14 +117,8 @@ class PortInfoTable(MutableMapping[PortKey, dict[str, Any]]):
             self._dec[key] = (raw, value)
         return raw
 
-    def set_raw(self, key: PortKey, raw: bytes, decoded: dict[str, Any] | None = None) -> None:
-        """What the port holds, as bytes (and their decoding when already at hand)."""
-        self._raw[key] = raw
-        if decoded is not None:
-            self._dec[key] = (raw, decoded)
-
     def update_raw(self, items: Iterable[tuple[PortKey, bytes]]) -> None:
-        """:meth:`set_raw` for many ports (decoded later, if ever)."""
+        """What many ports hold, as (port, PortInfo bytes); decoded later, if ever."""
         self._raw.update(items)
 
     def copy(self) -> PortInfoTable:

@@ -212,7 +212,7 @@ def test_port_info_table_keeps_bytes_and_dicts_in_step() -> None:
     a = PORT_INFO.pack({"LID": 7, "PortState": 2, "PortPhysicalState": 5, "LinkWidthSupported": 3})
     b = PORT_INFO.pack({"LID": 9, "PortState": 4, "PortPhysicalState": 5})
     t = PortInfoTable()
-    t.set_raw((1, 2), a)
+    t.update_raw([((1, 2), a)])
     assert (1, 2) in t and len(t) == 1 and list(t) == [(1, 2)]
     assert t[(1, 2)]["LID"] == 7 and t.get((1, 3)) is None and t.get((1, 3), {}) == {}
     first = t[(1, 2)]
