@@ -166,6 +166,7 @@ def sm_config(settings: Settings) -> SmConfig:
         flap_window=s.flap_window,
         flap_hold=s.flap_hold,
         check_credit_loops=s.check_credit_loops,
+        offload=s.offload,
     )
 
 

@@ -164,6 +164,11 @@ class SmSettings(_Section):
     flap_window: float = Field(60.0, gt=0.0, description="Flap damping: window in seconds for counting changes.")
     flap_hold: float = Field(300.0, ge=0.0, description="Flap damping: seconds a flapping port is held down.")
     check_credit_loops: bool = Field(True, description="Check the routes for credit loops after each heavy sweep.")
+    offload: bool = Field(
+        True,
+        description="Route and check in a forked child process while the switches are programmed; "
+        "false: in the daemon's process, before programming.",
+    )
 
     @field_validator("engines", mode="before")
     @classmethod

@@ -46,6 +46,16 @@ def test_defaults() -> None:
     assert s.api.token is None and s.mqtt.enabled is False and s.log.format == "text"
 
 
+def test_sm_settings_reach_the_sm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ibfm.service import sm_config
+
+    assert sm_config(load_settings()).offload is True
+    monkeypatch.setenv("IBFM_SM__OFFLOAD", "false")
+    monkeypatch.setenv("IBFM_SM__CHECK_CREDIT_LOOPS", "false")
+    cfg = sm_config(load_settings())
+    assert cfg.offload is False and cfg.check_credit_loops is False
+
+
 def test_precedence_flags_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "ibfm.toml"
     cfg.write_text(
