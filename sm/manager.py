@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +59,9 @@ from sm.verify import VerifyReport, verify_routes
 
 log = logging.getLogger("ibfm.sm")
 
+
+OFFLOAD_TIMEOUT_S = 600.0
+"""How long a sweep waits for each result of its routing and checks (sm.offload) before giving up."""
 
 TRAP_SETTLE_S = 0.01
 """After a trap, how long to wait for the rest of its burst before sweeping."""
@@ -118,16 +121,12 @@ class SubnetSnapshot:
     started_at: float = 0.0
     """Unix time this sweep's pipeline began (its discovery; after a light sweep, the use of the
     changes it found); 0 when unknown."""
-
-    @property
-    def up_s(self) -> float:
-        """Seconds from the start of the sweep to every port ACTIVE on its routes (OpenSM's SUBNET UP)."""
-        return self.programmed_at - self.started_at if self.started_at else 0.0
-
-    @property
-    def duration_s(self) -> float:
-        """Seconds from the start of the sweep to its end (routes verified, credit loops checked)."""
-        return self.time - self.started_at if self.started_at else 0.0
+    up_s: float = 0.0
+    """Seconds (monotonic) from the start of the pipeline to every port ACTIVE on its routes: what
+    OpenSM calls SUBNET UP."""
+    duration_s: float = 0.0
+    """Seconds (monotonic) from the start of the pipeline to its end (routes verified, credit loops
+    checked)."""
 
     def __repr__(self) -> str:
         # Short: the generated repr walks every PortInfo dict of the discovery (seconds on a large
@@ -245,7 +244,9 @@ class FabricManager:
             self._take_traps(self.transport.pending_traps())  # every queued trap is covered by this sweep
             trap_lids, self._trap_lids = self._trap_lids, set()
             prev = self.snapshot
-            if prev is None or self._force_heavy:
+            # No switch seen last time (the SM's own link was down, say): nothing for a light sweep to
+            # ask; a full discovery costs a few SMPs then and finds the fabric once the link is back.
+            if prev is None or self._force_heavy or not prev.fabric.switches.size:
                 return await self._heavy(None, kind_changes=0, reasons=reasons)
             t0 = time.perf_counter()
             sent0 = self.transport.stats.sent
@@ -359,7 +360,7 @@ class FabricManager:
     async def _pipeline(self, d: Discovery | None, extra_smps: int) -> SubnetSnapshot:
         phases: dict[str, float] = {}
         sent0 = self.transport.stats.sent
-        started_at = time.time()
+        started_at, t_start = time.time(), time.perf_counter()
         sweep_no = self.sweeps + 1
 
         @contextmanager
@@ -409,7 +410,7 @@ class FabricManager:
 
         async def result(name: str) -> Any:
             try:
-                value, phases[name] = await off.get()
+                value, phases[name] = await off.get(timeout=OFFLOAD_TIMEOUT_S)
             except IbfmError as e:
                 if name == "routing":
                     self.events.emit(RoutingFailed(reason=str(e)))
@@ -425,18 +426,20 @@ class FabricManager:
 
         what = f"sweep {sweep_no}: routing and checks"
         async with Offload(compute, what=what, fork=cfg.offload, urgent=1) as off:  # the LFT is urgent
+            # In a thread of this process (no fork), routing beside SMPs in flight would stall them.
+            lft: Lft | Awaitable[Lft] = routed_lft() if off.forked else await routed_lft()
             with stage("program"):
                 prog = await program_fabric(
                     self.transport,
                     d,
                     lids,
                     links,
-                    routed_lft(),
+                    lft,
                     sm_lid=int(lids.base[d.sm_node, d.sm_port]),
                     subnet_prefix=cfg.subnet_prefix,
                     held=self.held,
                 )
-            programmed_at = time.time()
+            programmed_at, up_s = time.time(), time.perf_counter() - t_start
             off.hurry()  # nothing left to slow down: the checks get the CPU
             # Checked while the blocks went out, so a repair reaches the switches first.
             report: VerifyReport = await result("verify")
@@ -461,6 +464,8 @@ class FabricManager:
             smps=self.transport.stats.sent - sent0 + extra_smps,
             programmed_at=programmed_at,
             started_at=started_at,
+            up_s=up_s,
+            duration_s=time.perf_counter() - t_start,
         )
         self.snapshot = snap
         return snap

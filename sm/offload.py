@@ -14,9 +14,10 @@ copying or pickling it in; only results travel back, each pickled down a
 pipe as soon as it is ready (a numpy LFT goes as one buffer). The child
 runs nothing but the given function: no event loop, no transport, no
 logging handlers of the parent's; it leaves with ``os._exit``. Where fork
-is missing or fails, the same function runs in a thread of this process,
-to the end, before :meth:`Offload.get` returns anything (no overlap then,
-and no stall either).
+is missing or fails, the same function runs in a thread of this process:
+its urgent results come out as they are made (the parent waits for them
+before sending anything), and the rest only once the parent waits again
+(no overlap then, and no stall either).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import signal
 import struct
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +46,10 @@ niceness where that policy is missing. :meth:`Offload.hurry` lifts it when the p
 
 _LEN = struct.Struct("<Q")
 _OK, _ERR, _END = 0, 1, 2
+
+
+class _Abandoned(Exception):
+    """An inline run told to stop: the parent closed without asking for the rest."""
 
 
 class OffloadError(IbfmError):
@@ -73,6 +79,10 @@ class Offload:
         self.forked = False
         self.child_status: int | None = None
         self._urgent = urgent
+        self._got = 0
+        self._closing = False
+        self._go = threading.Event()
+        """Set when the parent waits on the work (hurry, a get past the urgent results, close)."""
         self._final: BaseException | None = None
         self._parent = 0
         """What every get() raises once the results are over (the work's exception, or too many gets)."""
@@ -117,15 +127,26 @@ class Offload:
         os.close(wfd)
         self._pid = pid
         self.forked = True
-        self._reader = threading.Thread(target=self._read_loop, args=(rfd, loop), name="offload-reader", daemon=True)
-        self._reader.start()
+        reader = threading.Thread(target=self._read_loop, args=(rfd, loop), name="offload-reader", daemon=True)
+        try:
+            reader.start()
+        except RuntimeError as e:  # no thread to read with: end the child, compute here instead
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._reap(block=True)
+            os.close(rfd)
+            self.forked = False
+            raise OSError(f"no reader thread for the {self.what} child: {e}") from e
+        self._reader = reader
 
     # -- the child ------------------------------------------------------------------------------
 
     def _child(self, wfd: int) -> None:
+        # A stop (SIGTERM to the service's process group, ^C) is the parent's to handle: it lets the
+        # sweep finish. The child ends by close()'s SIGKILL or with the parent (PR_SET_PDEATHSIG).
         with contextlib.suppress(ValueError, OSError):
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
         _die_with_parent()
         if os.getppid() != self._parent:  # the parent died before the line above
             raise SystemExit(1)
@@ -156,7 +177,8 @@ class Offload:
             _background()
         try:
             self._work(emit)
-        except BaseException as e:  # the parent re-raises it
+        except BaseException as e:  # the parent re-raises it, with where it came from
+            e.add_note(f"in the {self.what} child process:\n{traceback.format_exc().rstrip()}")
             send(_ERR, e)
         send(_END, None)
         os.close(wfd)
@@ -217,21 +239,42 @@ class Offload:
         return self.child_status
 
     def _run_inline(self, loop: asyncio.AbstractEventLoop) -> None:
-        def put(item: tuple[int, Any]) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        """The work in a thread of this process: each urgent result is handed out as it comes; then
+        the thread waits until the parent waits (hurry, or a get for more), so its Python never runs
+        beside MADs in flight (it would hold the interpreter lock their receive thread needs)."""
 
-        items: list[tuple[int, Any]] = []
+        def put(item: tuple[int, Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+        sent = 0
+
+        def wait_for_parent() -> None:
+            self._go.wait()
+            if self._closing:  # nobody will ask for the rest
+                raise _Abandoned
+
+        def emit(value: Any) -> None:
+            nonlocal sent
+            put((_OK, value))
+            sent += 1
+            if sent >= self._urgent:
+                wait_for_parent()
+
         try:
-            self._work(lambda value: items.append((_OK, value)))
+            if not self._urgent:
+                wait_for_parent()
+            self._work(emit)
+        except _Abandoned:
+            return
         except BaseException as e:  # re-raised by get()
-            items.append((_ERR, e))
-        items.append((_END, None))
-        for item in items:
-            put(item)
+            put((_ERR, e))
+        put((_END, None))
 
     def hurry(self) -> None:
         """The parent now waits on the child: back to the parent's priority, where the system
         lets it (as root it does; otherwise the child goes on at its lowered priority)."""
+        self._go.set()
         pid = self._pid
         if pid is None:
             return
@@ -240,11 +283,22 @@ class Offload:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0))
 
-    async def get(self) -> Any:
-        """The next result; raises what the work raised instead of it (and so does every later call)."""
+    async def get(self, timeout: float | None = None) -> Any:
+        """The next result; raises what the work raised instead of it (and so does every later call).
+
+        After ``timeout`` seconds without it, the child is killed and OffloadError raised.
+        """
         if self._final is not None:
             raise self._final
-        kind, value = await self._queue.get()
+        if self._got >= self._urgent:
+            self._go.set()  # the parent waits for more: an inline run may go on
+        try:
+            kind, value = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            self._final = OffloadError(f"{self.what}: no result within {timeout:g} s; stopped")
+            await self.close()
+            raise self._final from None
+        self._got += 1
         if kind == _OK:
             return value
         if kind == _END:
@@ -254,7 +308,9 @@ class Offload:
         raise self._final
 
     async def close(self) -> None:
-        """Kill the child if it still runs and reap it; wait for an inline run to finish."""
+        """Kill the child if it still runs and reap it; an inline run stops at its next result."""
+        self._closing = True
+        self._go.set()
         pid = self._pid
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):

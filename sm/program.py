@@ -95,18 +95,29 @@ async def program_fabric(
 ) -> ProgramReport:
     """Push the plan into the fabric; updates ``held`` with what the switches now hold.
 
-    An exception of ``lft`` (routing failed) is raised here once the Sets in
-    flight are cancelled; no port is activated then.
+    With ``lft`` still being computed, stages 1 and 2 go out meanwhile only
+    where they change nothing in use (a fresh fabric, ports being armed);
+    a LID, LMC or master-SM change, or a lower LinearFDBTop, waits for the
+    routes. An exception of ``lft`` (routing failed) is raised here once the
+    Sets in flight are cancelled; no port is activated then.
     """
     rep = ProgramReport()
     known = held if held is not None else {}
+    plan = _plan_port_infos(d, lids, links, sm_lid, subnet_prefix)
+    lowers_top = any(
+        int(si.get("LinearFDBTop", 0)) > lids.max_lid for n, si in d.switch_info.items() if d.fabric.is_switch(n)
+    )
+    if not isinstance(lft, np.ndarray) and (plan.live or lowers_top):
+        # These Sets change what traffic uses now: not before the routes are known to exist (a
+        # routing failure then leaves the fabric as it was).
+        lft = await lft
 
     async def routes() -> None:
         table = lft if isinstance(lft, np.ndarray) else await lft
         await _set_blocks(transport, d, table, known, rep)
 
     await _all(
-        _set_port_infos(transport, d, lids, links, sm_lid, subnet_prefix, rep),
+        _set_port_infos(transport, d, lids, links, plan, rep),
         _set_fdb_tops(transport, d, lids.max_lid, rep),
         routes(),
     )
@@ -214,24 +225,27 @@ _HELD = ("LID", "LMC", "MasterSMLID", "GIDPrefix", "NeighborMTU", "OperationalVL
 """PortInfo fields stage 1 compares with the plan."""
 
 
-async def _set_port_infos(
-    transport: WindowedTransport,
-    d: Discovery,
-    lids: LidMap,
-    links: LinkPlan,
-    sm_lid: int,
-    prefix: int,
-    rep: ProgramReport,
-) -> None:
-    """LID, LMC, MasterSMLID and GID prefix on end ports, NeighborMTU and OperationalVLs on linked
-    ports, INIT -> ARMED on trained links: one Set per port that holds anything else."""
+@dataclass
+class _PortPlan:
+    """Stage 1's Sets: one row per port that holds anything else than the plan."""
+
+    nodes: npt.NDArray[np.intp]
+    ports: npt.NDArray[np.intp]
+    fields: Fields
+    live: bool
+    """Some Set changes a port in use: a LID or LMC that is not 0, or the master SM of an ACTIVE port."""
+
+
+def _plan_port_infos(d: Discovery, lids: LidMap, links: LinkPlan, sm_lid: int, prefix: int) -> _PortPlan:
+    """LID, LMC, MasterSMLID and GID prefix on end ports; INIT -> ARMED, with NeighborMTU and
+    OperationalVLs, on trained links. A port already ACTIVE keeps its MTU and VLs until its link
+    trains again (OpenSM likewise sets them while arming)."""
     f = d.fabric
     up = f.up_mask()
     endport = np.zeros_like(up)
     ep = f.endports()
     endport[ep[:, 0], ep[:, 1]] = True
-    # What each port holds: its PortInfo as read or as the last Set left it (not the model, which
-    # the manager has already given the link plan), as columns.
+    # What each port holds: its PortInfo as read or as the last Set left it, as columns.
     info = d.port_info
     rn, rp = np.nonzero(up | endport)
     keys = [k for k in zip(rn.tolist(), rp.tolist(), strict=True) if k in info]
@@ -243,25 +257,16 @@ async def _set_port_infos(
         rows = np.frombuffer(b"".join([info.raw(k) or b"" for k in keys]), np.uint8).reshape(len(keys), -1)
         for name in _HELD:
             held[name][kn, kp] = _PORT_INFO.column(rows, name)
-    lmc, armed = lids.lmc, int(PortState.ARMED)
-    linked = up & (links.mtu != 0)
-    armable = up & (held["PortState"] == PortState.INIT)
+    lmc = lids.lmc
+    # A link the model has seen come up (a light sweep's change) is armed even if the PortInfo at
+    # hand is older (its read failed): the port can only be in INIT then.
+    armable = up & ((held["PortState"] == PortState.INIT) | (f.state == PortState.INIT))
     armable[:, 0] = False
-    wanted = (
-        (
-            endport
-            & (
-                (held["LID"] != lids.base)
-                | (held["LMC"] != lmc)
-                | (held["MasterSMLID"] != sm_lid)
-                | (held["GIDPrefix"] != np.uint64(prefix))
-            )
-        )
-        | (linked & ((held["NeighborMTU"] != links.mtu) | (held["OperationalVLs"] != links.op_vls)))
-        | armable
-    )
-    cn, cp = np.nonzero(read & wanted)
-    is_end, has_mtu, arm = endport[cn, cp], linked[cn, cp], armable[cn, cp]
+    relid = endport & ((held["LID"] != lids.base) | (held["LMC"] != lmc))
+    resm = endport & ((held["MasterSMLID"] != sm_lid) | (held["GIDPrefix"] != np.uint64(prefix)))
+    live = bool((relid & (held["LID"] != 0)).any() or (resm & (held["PortState"] == PortState.ACTIVE)).any())
+    cn, cp = np.nonzero(read & (relid | resm | armable))
+    is_end, has_mtu, arm = endport[cn, cp], (up & (links.mtu != 0))[cn, cp], armable[cn, cp]
     k = cn.size
     fields: Fields = {
         "LID": (is_end, lids.base[cn, cp].astype(np.int64)),
@@ -270,21 +275,29 @@ async def _set_port_infos(
         "GIDPrefix": (is_end, np.full(k, prefix, np.uint64)),
         "NeighborMTU": (has_mtu, links.mtu[cn, cp].astype(np.int64)),
         "OperationalVLs": (has_mtu, links.op_vls[cn, cp].astype(np.int64)),
-        "PortState": (arm, np.full(k, armed, np.int64)),
+        "PortState": (arm, np.full(k, int(PortState.ARMED), np.int64)),
     }
+    return _PortPlan(cn, cp, fields, live)
+
+
+async def _set_port_infos(
+    transport: WindowedTransport, d: Discovery, lids: LidMap, links: LinkPlan, plan: _PortPlan, rep: ProgramReport
+) -> None:
+    """Stage 1: the planned PortInfo Sets, and what the ports then hold into the model."""
+    f = d.fabric
+    cn, cp, fields = plan.nodes, plan.ports, plan.fields
     ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "config")
     rep.failures += failures
     rep.port_sets += int(ok.sum())
-    # What the ports now hold, into the model in one go per field.
     n, p = cn[ok], cp[ok]
-    m = is_end[ok]
+    m = fields["LID"][0][ok]
     f.lid[n[m], p[m]] = lids.base[n[m], p[m]]
-    f.lmc[n[m], p[m]] = lmc
-    m = has_mtu[ok]
+    f.lmc[n[m], p[m]] = lids.lmc
+    m = fields["NeighborMTU"][0][ok]
     f.mtu_active[n[m], p[m]] = links.mtu[n[m], p[m]]
     f.op_vls[n[m], p[m]] = links.op_vls[n[m], p[m]]
-    m = arm[ok]
-    f.state[n[m], p[m]] = armed
+    m = fields["PortState"][0][ok]
+    f.state[n[m], p[m]] = int(PortState.ARMED)
     rep.armed += int(m.sum())
 
 
@@ -376,3 +389,12 @@ async def _activate(transport: WindowedTransport, d: Discovery, rep: ProgramRepo
     rep.failures += failures
     f.state[cn[ok], cp[ok]] = active
     rep.activated += int(ok.sum())
+    # An up link port that is neither ACTIVE nor was it set (no PortInfo to build on, say): named,
+    # so the sweep is not taken for a success and the next one looks again.
+    stuck = f.up_mask() & (f.state != PortState.ACTIVE)
+    stuck[:, 0] = False
+    stuck[cn, cp] = False
+    for n, p in zip(*np.nonzero(stuck), strict=True):
+        rep.failures.append(
+            f"{f.port_name(int(n), int(p))}: left {PortState(int(f.state[n, p])).name} after programming"
+        )

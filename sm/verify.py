@@ -287,6 +287,8 @@ def _lid_comp(fabric: Fabric, lids: LidMap, t: RouteTables) -> npt.NDArray[np.in
     up = fabric.up_mask()[onz, opz]
     peer_row = t.row_of[np.where(up, fabric.peer_node[onz, opz], 0)]
     row = np.where(is_sw, t.row_of[onz], np.where(up, peer_row, -1))
+    if not t.comp.size:  # no switch at all (the SM's own link is down): no LID hangs on one
+        return np.full(on.shape, -1, np.int64)
     return np.where(used & (row >= 0), t.comp[np.maximum(row, 0)], -1)
 
 

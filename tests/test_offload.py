@@ -390,3 +390,74 @@ async def test_a_routing_failure_in_the_child_fails_the_routing_stage(offload: b
     assert e.value.stage == "routing"
     assert "no engine in ftree could route the fabric" in str(e.value)
     assert isinstance(e.value.__cause__, RoutingError)
+
+
+async def test_a_stop_signal_to_the_process_group_leaves_the_child_computing() -> None:
+    # systemd's stop and ^C signal the whole group; the parent lets its sweep finish, so must the child.
+    def work(emit: Emit) -> None:
+        time.sleep(0.3)
+        emit("routed")
+
+    async with Offload(work, fork=True) as off:
+        await asyncio.sleep(0.05)
+        pid = off._pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)
+        assert await guarded(off.get()) == "routed"
+
+
+async def test_inline_the_rest_waits_until_the_parent_waits() -> None:
+    ran: list[str] = []
+
+    def work(emit: Emit) -> None:
+        ran.append("route")
+        emit("lft")
+        ran.append("verify")  # must not run while the parent sends MADs
+        emit("report")
+
+    async with Offload(work, fork=False, urgent=1) as off:
+        assert await guarded(off.get()) == "lft"
+        await asyncio.sleep(0.1)
+        assert ran == ["route"]
+        off.hurry()
+        assert await guarded(off.get()) == "report"
+        assert ran == ["route", "verify"]
+    # Closed without asking for the rest: the thread stops at its next result, not at the end.
+    done: list[str] = []
+
+    def long_work(emit: Emit) -> None:
+        emit("lft")
+        done.append("went on")
+
+    async with Offload(long_work, fork=False, urgent=1) as off:
+        assert await guarded(off.get()) == "lft"
+    assert done == []
+
+
+@BOTH
+async def test_an_error_keeps_where_it_came_from(fork: bool) -> None:
+    def work(emit: Emit) -> None:
+        raise RoutingError("ftree: no roots")
+
+    async with Offload(work, what="sweep 2: routing and checks", fork=fork) as off:
+        with pytest.raises(RoutingError) as e:
+            await guarded(off.get())
+    if fork:
+        notes = e.value.__notes__
+        assert any(n.startswith("in the sweep 2: routing and checks child process") and ", in work" in n for n in notes)
+
+
+async def test_a_result_that_does_not_come_in_time_stops_the_child() -> None:
+    def work(emit: Emit) -> None:
+        time.sleep(30)
+
+    async with Offload(work, what="sweep 4: routing and checks", fork=True) as off:
+        pid = off._pid
+        with pytest.raises(OffloadError, match=r"sweep 4: routing and checks: no result within 0.2 s"):
+            await off.get(timeout=0.2)
+        with pytest.raises(OffloadError):  # and every later get
+            await off.get()
+    assert pid is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -228,18 +228,95 @@ def test_port_info_table_keeps_bytes_and_dicts_in_step() -> None:
     assert (1, 2) not in t and len(copy) == 1
 
 
-async def test_a_new_mtu_cap_reaches_ports_that_are_already_active() -> None:
-    # What decides a Set is what the port holds (its PortInfo), not the model, which the manager
-    # gives the link plan before programming.
+async def test_an_active_port_keeps_its_mtu_until_its_link_trains_again() -> None:
+    # NeighborMTU and OperationalVLs go out with the Set that arms a link (as OpenSM sets them),
+    # not to ports carrying traffic.
     f = fattree(2, 4)
     emu = EmulatedFabric(f)
     t = EmulatedTransport(emu)
-    first = await FabricManager(t, SmConfig(max_mtu=5)).heavy_sweep()
-    assert first.up
-    again = await FabricManager(t, SmConfig(max_mtu=4)).heavy_sweep()
-    links = int(f.up_mask()[:, 1:].sum())
-    assert again.up and again.program.port_sets == links and again.program.armed == 0
+    assert (await FabricManager(t, SmConfig(max_mtu=5)).heavy_sweep()).up
+    mgr = FabricManager(t, SmConfig(max_mtu=4))
+    again = await mgr.heavy_sweep()
+    assert again.up and again.program.port_sets == 0
     up = emu.fabric.up_mask()
     up[:, 0] = False
-    assert (emu.fabric.mtu_active[up] == 4).all()
-    assert (emu.fabric.state[up] == PortState.ACTIVE).all()
+    assert (emu.fabric.mtu_active[up] == 5).all()
+    # One inter-switch link trains again: both its ends get the new MTU, and go ACTIVE.
+    n = int(f.switches[0])
+    p = next(q for q in np.flatnonzero(up[n]).tolist() if f.is_switch(int(f.peer_node[n, q])))
+    m, q = int(emu.fabric.peer_node[n, p]), int(emu.fabric.peer_port[n, p])
+    emu.link_down(n, p)
+    await mgr.sweep()
+    emu.link_up(n, p)
+    snap = await mgr.sweep()
+    assert snap is not None and snap.up
+    assert emu.fabric.mtu_active[n, p] == emu.fabric.mtu_active[m, q] == 4
+    assert emu.fabric.state[n, p] == emu.fabric.state[m, q] == PortState.ACTIVE
+
+
+class _LoseReads(EmulatedTransport):
+    """Drops every PortInfo Get along ``path`` while it is set."""
+
+    path: tuple[int, ...] | None = None
+
+    def _post(self, mad: bytes, route: tuple[int, ...] | int) -> None:
+        from fabric.mad import Method, SmpAttr, parse_mad
+
+        m = parse_mad(mad)
+        if self.path is not None and route == self.path and m.attr_id == SmpAttr.PORT_INFO and m.method == Method.GET:
+            return
+        super()._post(mad, route)
+
+
+async def test_a_link_that_came_back_is_armed_though_the_read_of_its_far_end_was_lost() -> None:
+    emu = EmulatedFabric(fattree(2, 4))
+    t = _LoseReads(emu, timeout=0.01, retries=1)
+    mgr = FabricManager(t, SmConfig(engines=("minhop",)))
+    snap = await mgr.heavy_sweep()
+    f = snap.fabric
+    host = next(int(h) for h in f.cas.tolist() if h != snap.discovery.sm_node)
+    sw, sp = int(f.peer_node[host, 1]), int(f.peer_port[host, 1])
+    eh = emu.fabric.by_guid(int(f.node_guid[host]))
+    esw, esp = int(emu.fabric.peer_node[eh, 1]), int(emu.fabric.peer_port[eh, 1])
+    emu.link_down(esw, esp)
+    await mgr.sweep()
+    emu.link_up(esw, esp)
+    t.path = (*snap.discovery.paths[sw], sp)  # the light sweep's read of the host's PortInfo is lost
+    after = await mgr.sweep()
+    t.path = None
+    assert after is not None and after.program.ok, after.program.failures if after else None
+    assert emu.fabric.state[eh, 1] == emu.fabric.state[esw, esp] == PortState.ACTIVE
+
+
+async def test_a_routing_failure_leaves_a_live_fabric_as_it_was(tmp_path: Path) -> None:
+    from sm.manager import SweepError
+
+    emu = EmulatedFabric(ring(4, 2))
+    f = emu.fabric
+    ep = f.endports()
+    g2l = tmp_path / "guid2lid"  # another SM's LIDs: 101, 102, ...
+    g2l.write_text("".join(f"{int(f.port_guid[n, p]):#018x} {101 + k} {101 + k}\n\n" for k, (n, p) in enumerate(ep)))
+    first = await FabricManager(EmulatedTransport(emu), SmConfig(engines=("minhop",), guid2lid=g2l)).heavy_sweep()
+    assert first.up
+    lids, lfts, tops = f.lid[ep[:, 0], ep[:, 1]].copy(), emu.lft.copy(), emu.lft_top.copy()
+    with pytest.raises(SweepError) as e:  # ftree refuses a ring; no other engine given
+        await FabricManager(EmulatedTransport(emu), SmConfig(engines=("ftree",))).heavy_sweep()
+    assert e.value.stage == "routing"
+    # Taking over would move every LID to 1..: not before routes exist for them.
+    assert (f.lid[ep[:, 0], ep[:, 1]] == lids).all() and (emu.lft == lfts).all() and (emu.lft_top == tops).all()
+
+
+@pytest.mark.parametrize("offload", [True, False])
+async def test_the_sm_loses_its_own_link_and_finds_the_fabric_again(offload: bool) -> None:
+    f = fattree(2, 4)
+    emu = EmulatedFabric(f)
+    mgr = FabricManager(EmulatedTransport(emu), SmConfig(offload=offload))
+    first = await mgr.heavy_sweep()
+    d = first.discovery
+    own = emu.fabric.by_guid(int(first.fabric.node_guid[d.sm_node]))
+    emu.link_down(own, d.sm_port)
+    alone = await mgr.sweep()  # only the SM's own node answers: no crash, nothing to route
+    assert alone is not None and alone.fabric.n_nodes == 1 and alone.verify.pairs == 0
+    emu.link_up(own, d.sm_port)
+    back = await mgr.sweep()
+    assert back is not None and back.up and back.fabric.n_nodes == first.fabric.n_nodes
