@@ -45,6 +45,8 @@ MAD pipeline (the receive thread, and on ibsim the simulator) leaves: SCHED_IDLE
 niceness where that policy is missing. :meth:`Offload.hurry` lifts it when the parent waits."""
 
 _LEN = struct.Struct("<Q")
+_MAX_FD = 1 << 20
+"""Above any descriptor this process may hold (os.closerange uses close_range where Linux has it)."""
 _OK, _ERR, _END = 0, 1, 2
 
 
@@ -150,6 +152,10 @@ class Offload:
         _die_with_parent()
         if os.getppid() != self._parent:  # the parent died before the line above
             raise SystemExit(1)
+        # The parent's descriptors (sockets of HTTP and MQTT clients, the umad and issm devices) are
+        # not the child's to hold: a connection the parent closes must end now, not when we exit.
+        os.closerange(3, wfd)
+        os.closerange(wfd + 1, _MAX_FD)
 
         def send(kind: int, value: Any) -> None:
             try:

@@ -8,6 +8,7 @@ import signal
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -101,21 +102,21 @@ async def test_results_come_back_in_order_with_a_large_lft_and_a_dataclass(fork:
 
 
 @BOTH
-async def test_work_runs_beside_the_event_loop(fork: bool) -> None:
-    """The work waits for something only the parent's event loop does after start(): no deadlock."""
-    rfd, wfd = os.pipe()
+async def test_work_runs_beside_the_event_loop(fork: bool, tmp_path: Path) -> None:
+    """The work waits for something only the parent's event loop does after start(): no deadlock.
+    (A file, not an inherited pipe: the child keeps none of the parent's descriptors.)"""
+    flag = tmp_path / "go"
 
     def work(emit: Emit) -> None:
-        emit(os.read(rfd, 2))
+        deadline = time.monotonic() + 4
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        emit(flag.read_bytes())
 
-    try:
-        async with Offload(work, fork=fork) as off:
-            await asyncio.sleep(0)
-            os.write(wfd, b"go")
-            assert await guarded(off.get()) == b"go"
-    finally:
-        os.close(rfd)
-        os.close(wfd)
+    async with Offload(work, fork=fork) as off:
+        await asyncio.sleep(0)
+        flag.write_bytes(b"go")
+        assert await guarded(off.get()) == b"go"
 
 
 async def test_fork_fails_so_the_work_runs_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -461,3 +462,22 @@ async def test_a_result_that_does_not_come_in_time_stops_the_child() -> None:
     assert pid is not None
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+async def test_the_child_does_not_hold_the_parents_connections() -> None:
+    import socket
+
+    mine, peer = socket.socketpair()
+
+    def work(emit: Emit) -> None:
+        emit("started")
+        time.sleep(1.0)
+        emit("done")
+
+    async with Offload(work, fork=True, urgent=2) as off:
+        assert await guarded(off.get()) == "started"
+        mine.close()  # the parent ends its connection while the child computes
+        peer.settimeout(0.5)
+        assert peer.recv(1) == b""  # EOF at once: no copy of the socket lives on in the child
+        assert await guarded(off.get()) == "done"
+    peer.close()
