@@ -69,8 +69,9 @@ class Offload:
     def __init__(
         self, work: Callable[[Emit], None], *, what: str = "sweep computation", fork: bool = True, urgent: int = 0
     ) -> None:
-        """``urgent``: how many of the first results the parent waits on (the child computes those
-        at the parent's priority, the rest at :data:`CHILD_NICE`)."""
+        """``urgent``: how many of the first results the parent waits on. The child computes those at
+        the parent's priority and the rest on spare CPU only (see :data:`CHILD_NICE`); inline, the
+        rest waits until the parent does."""
         self._work = work
         self.what = what
         self._want_fork = fork and hasattr(os, "fork")
@@ -86,8 +87,8 @@ class Offload:
         self._go = threading.Event()
         """Set when the parent waits on the work (hurry, a get past the urgent results, close)."""
         self._final: BaseException | None = None
-        self._parent = 0
         """What every get() raises once the results are over (the work's exception, or too many gets)."""
+        self._parent = 0
 
     async def __aenter__(self) -> Offload:
         self.start()
