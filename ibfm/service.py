@@ -334,11 +334,7 @@ class Service:
     # -- background work, in cleanup_ctx order
 
     async def _transport_ctx(self, app: web.Application) -> AsyncIterator[None]:
-        start = getattr(self.transport, "start", None)
-        if start is not None:
-            res = start()
-            if asyncio.iscoroutine(res):
-                await res
+        self.transport.start()
         try:
             yield
         finally:

@@ -315,15 +315,14 @@ def _add_link(
     links[b] = a
 
 
-def _speed_cap(pi: dict[str, Any]) -> Speed:
-    ext = int(pi.get("LinkSpeedExtSupported", 0))
-    if ext:
+def _speed_cap(supported: int, ext_supported: int) -> Speed:
+    """The fastest speed of PortInfo's LinkSpeedSupported and LinkSpeedExtSupported."""
+    if ext_supported:
         for bit in (16, 8, 4, 2, 1):
-            if ext & bit:
+            if ext_supported & bit:
                 return speed_from_portinfo(4, bit)
-    ls = int(pi.get("LinkSpeedSupported", 1))
     for bit in (4, 2, 1):
-        if ls & bit:
+        if supported & bit:
             return speed_from_portinfo(bit, 0)
     return Speed.SDR
 
@@ -344,7 +343,7 @@ def nodeinfo_problem(ni: dict[str, Any]) -> str | None:
 def apply_port_info(f: Fabric, n: int, p: int, pi: dict[str, Any]) -> None:
     """Record what a PortInfo read says about (n, p) in the model: caps, state, trained width and speed."""
     f.width_cap[n, p] = int(pi["LinkWidthSupported"]) or f.width_cap[n, p]
-    f.speed_cap[n, p] = _speed_cap(pi)
+    f.speed_cap[n, p] = _speed_cap(int(pi.get("LinkSpeedSupported", 1)), int(pi.get("LinkSpeedExtSupported", 0)))
     f.mtu_cap[n, p] = int(pi["MTUCap"]) or f.mtu_cap[n, p]
     f.vl_cap[n, p] = int(pi["VLCap"]) or f.vl_cap[n, p]
     f.state[n, p] = int(pi["PortState"])
@@ -379,7 +378,7 @@ def apply_port_infos(f: Fabric, where: list[tuple[int, int]], rows: npt.NDArray[
     nonzero_or_kept("VLCap", f.vl_cap)
     # Speeds by the few distinct (basic, extended) pairs there are.
     for names, arr, decode in (
-        (("LinkSpeedSupported", "LinkSpeedExtSupported"), f.speed_cap, _speed_cap_of),
+        (("LinkSpeedSupported", "LinkSpeedExtSupported"), f.speed_cap, _speed_cap),
         (("LinkSpeedActive", "LinkSpeedExtActive"), f.speed_active, _speed_active_of),
     ):
         pairs = col(names[0]) << 32 | col(names[1])
@@ -396,10 +395,6 @@ def apply_port_infos(f: Fabric, where: list[tuple[int, int]], rows: npt.NDArray[
         ("LMC", f.lmc),
     ):
         arr[n, p] = col(name)
-
-
-def _speed_cap_of(supported: int, ext_supported: int) -> int:
-    return int(_speed_cap({"LinkSpeedSupported": supported, "LinkSpeedExtSupported": ext_supported}))
 
 
 def _speed_active_of(active: int, ext_active: int) -> int:

@@ -95,11 +95,7 @@ def open_transport(args: argparse.Namespace) -> WindowedTransport:
 async def run_once(args: argparse.Namespace) -> SubnetSnapshot:
     transport = open_transport(args)
     try:
-        start = getattr(transport, "start", None)
-        if start is not None:
-            res = start()
-            if asyncio.iscoroutine(res):
-                await res
+        transport.start()
         return await FabricManager(transport, config_from_args(args)).heavy_sweep()
     finally:
         await transport.close()
@@ -179,11 +175,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        start = getattr(transport, "start", None)
-        if start is not None:
-            res = start()
-            if asyncio.iscoroutine(res):
-                await res
+        transport.start()
         config = dataclasses.replace(config_from_args(args), sweep_interval=args.sweep_interval)
         manager = FabricManager(transport, config)
 

@@ -139,6 +139,12 @@ class WindowedTransport(ABC):
         Called with the engine lock held: it must not deliver synchronously.
         """
 
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:  # noqa: B027 - optional hook
+        """Attach to the event loop (``loop``, default the running one) before the first MAD.
+
+        Nothing to do here; a transport with a device or a thread of its own opens it.
+        """
+
     def _post_request(self, mad: bytes, route: Route, tid: int) -> None:
         """Put request ``mad`` on the wire with ``tid`` in its TID field (low 32 bits).
 
