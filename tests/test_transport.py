@@ -20,6 +20,7 @@ from fabric.mad import (
     smp_dr,
     smp_lid,
 )
+from fabric.generate import fattree
 from fabric.model import PortState
 from sm.transport.base import MadTimeout, TransportError
 from sm.transport.emulated import EmulatedTransport
@@ -140,3 +141,41 @@ async def test_send_many_mixes_answers_and_timeouts() -> None:
         assert isinstance(r, bytes) and parse_mad(r).initial_path == p
     assert isinstance(out[-1], MadTimeout)
     assert t.stats.timeouts == 1 and t.stats.retries >= 10
+
+
+# -- what arrives is not trusted ---------------------------------------------------------------------------
+
+
+async def test_random_mads_of_every_class_method_and_length_are_refused_or_dropped() -> None:
+    """20,000 random MADs into the receive path and the manager's trap handling: nothing raises, every
+    one is counted once as an answer nobody waited for, a trap, a refused request or a malformed MAD,
+    and only readable Notices request a sweep."""
+    import random
+
+    from sm.manager import FabricManager, SmConfig
+    from sm.transport.base import is_trap, refusal
+
+    f = fattree(2, 4)
+    t = EmulatedTransport(EmulatedFabric(f))
+    mgr = FabricManager(t, SmConfig(sweep_interval=3600))
+    rng = random.Random(11)
+    traps = 0
+    n = 20_000
+    for i in range(n):
+        m = bytearray(rng.randbytes(rng.choice((256, 256, rng.randint(0, 256)))))
+        if len(m) > 3:
+            m[1] = i % 256
+        if len(m) > 17 and i % 7 == 0:  # some look like traps
+            m[1], m[3], m[16], m[17] = rng.choice((0x01, 0x81)), 0x05, 0, 2
+        mad = bytes(m)
+        traps += is_trap(mad)
+        t._deliver(mad)
+        answer = refusal(mad)
+        if answer is not None:
+            assert len(answer) == 256 and answer[3] & 0x80 and answer[4:6] in (b"\x00\x0c", b"\x00\x04")
+            assert answer[8:16] == mad[8:16]  # the TID comes back
+    s = t.stats
+    assert s.unsolicited == traps and s.unmatched + s.unsolicited + s.refused + s.malformed == n
+    good = mgr._take_traps(t.pending_traps())
+    assert good + mgr.bad_traps == traps and mgr.bad_traps > 0
+    await t.close()

@@ -7,8 +7,12 @@ node) or a destination LID. The SM cannot tell transports apart.
 :class:`WindowedTransport` holds what every transport shares: a window of
 outstanding requests, per-request timeout and retries, TID assignment and
 matching on the low 32 bits (the kernel owns the high 32), counters.
-A subclass only posts bytes (``_post``) and hands replies to ``_deliver``
-and unsolicited MADs (traps) to ``_unsolicited``.
+A subclass only posts bytes (``_post``) and hands what arrives to
+``_deliver``: answers complete their requests, traps go to the trap queue,
+and any other request (a Get of a class nobody here serves, garbage from a
+hostile host) goes to ``_refuse``, which answers it with an error status
+(:func:`refusal`) where the transport can, and is counted either way.
+Nothing that arrives is trusted to be longer than its 24-byte header.
 """
 
 from __future__ import annotations
@@ -32,6 +36,47 @@ _TID = struct.Struct(">Q")
 TID_OFFSET = 8
 _RESPONSE_BIT = 0x80
 _ATTR = struct.Struct(">H")
+
+MAD_HEADER_SIZE = 24
+MAD_SIZE = 256
+_SUBN_CLASSES = (0x01, 0x81)
+_METHOD_TRAP = 0x05
+_ATTR_NOTICE = b"\x00\x02"
+_ANSWER_METHOD = {0x01: 0x81, 0x02: 0x81, 0x06: 0x86, 0x12: 0x92, 0x13: 0x93, 0x14: 0x94, 0x15: 0x95}
+"""Request method -> the method of its answer: Get and Set -> GetResp, Send, GetTable, GetTraceTable,
+GetMulti, Delete -> their responses (IBA 13.4.5). Other requests (Trap, Report, TrapRepress) get none."""
+STATUS_BAD_VERSION = 0x0004
+STATUS_UNSUPPORTED_METHOD_ATTR = 0x000C
+
+
+def is_trap(mad: bytes) -> bool:
+    """A SubnTrap(Notice) SMP, LID-routed or directed: what a switch or CA sends its SM."""
+    return (
+        len(mad) >= MAD_HEADER_SIZE
+        and mad[1] in _SUBN_CLASSES
+        and mad[3] == _METHOD_TRAP
+        and mad[16:18] == _ATTR_NOTICE
+    )
+
+
+def refusal(mad: bytes, *, class_version: int | None = None) -> bytes | None:
+    """The answer that refuses request ``mad`` (a 256-byte MAD), or None when it wants no answer.
+
+    As the kernel's MAD layer answers a request no agent takes: the
+    request's header with the response method and status "unsupported
+    method/attribute", or "bad version" when ``class_version`` is given and
+    differs. Directed-route SMPs get none: their answer needs the return
+    path, which only the agent of that class builds.
+    """
+    if len(mad) < MAD_HEADER_SIZE or mad[3] & _RESPONSE_BIT or mad[1] == 0x81:
+        return None
+    method = _ANSWER_METHOD.get(mad[3])
+    if method is None:
+        return None
+    bad_version = mad[0] != 1 or (class_version is not None and mad[2] != class_version)
+    status = STATUS_BAD_VERSION if bad_version else STATUS_UNSUPPORTED_METHOD_ATTR
+    head = bytes((mad[0], mad[1], mad[2], method)) + status.to_bytes(2, "big") + mad[6:MAD_HEADER_SIZE]
+    return head.ljust(MAD_SIZE, b"\0")
 
 
 class TransportError(IbfmError):
@@ -58,8 +103,14 @@ class TransportStats:
     received: int = 0
     timeouts: int = 0
     retries: int = 0
+    resent: int = 0
+    """Requests sent again in a new round after every retry timed out (``sm.smp.send_resending``)."""
     unmatched: int = 0
     unsolicited: int = 0
+    refused: int = 0
+    """Requests of others (not traps) that arrived: answered with an error status, or dropped."""
+    malformed: int = 0
+    """MADs that arrived shorter than a MAD header (or otherwise unreadable) and were dropped."""
 
 
 class _Batch:
@@ -162,11 +213,14 @@ class WindowedTransport(ABC):
         Unsolicited MADs go to the trap queue, which belongs to the event loop:
         a threaded subclass hands those to the loop itself.
         """
-        if len(mad) < 24:
-            self.stats.unmatched += 1
+        if len(mad) < MAD_HEADER_SIZE:
+            self.stats.malformed += 1
             return
         if not mad[3] & _RESPONSE_BIT:
-            self._unsolicited(mad)
+            if is_trap(mad):
+                self._unsolicited(mad)
+            else:
+                self._refuse(mad)
             return
         tid = int.from_bytes(mad[12:16], "big")
         with self._lock:
@@ -182,6 +236,11 @@ class WindowedTransport(ABC):
             b.left -= 1
             if not b.left:
                 self._complete(b)
+
+    def _refuse(self, mad: bytes) -> None:
+        """A request that is not a trap and that nobody here serves: counted (a transport that can
+        reach its sender answers it with :func:`refusal`)."""
+        self.stats.refused += 1
 
     def _unsolicited(self, mad: bytes) -> None:
         self.stats.unsolicited += 1

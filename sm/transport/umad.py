@@ -13,9 +13,20 @@ batch, and of traps). ``issm=True`` holds the
 port's ``issmN`` device open, which raises PortInfo.CapabilityMask.IsSM as
 a master SM does (ibsim delivers traps only to such a client).
 
+What arrives is trusted no further than its length: answers go to the
+window engine (which matches TIDs and checks nothing else), SubnTrap
+notices to the trap queue, and every other request is refused with an
+error status from the receive thread (``refusal``), as the kernel's MAD
+layer refuses a request no agent takes.
+
 Under ibsim the same code runs with ``LD_PRELOAD=libumad2sim.so`` set when
 the process starts; libumad2sim fakes the device and sysfs underneath
-libibumad, so nothing here knows about the simulator.
+libibumad. One thing here knows about it: libumad2sim hands a MAD of a class
+no agent registered to the umad descriptor in its last slot, and crashes
+the process (a NULL dereference in its receive thread) when that slot is
+not open; any host's ``saquery`` to our LID would do it. Under libumad2sim
+the transport therefore opens every slot and reads the last one as a sink
+(``_open_sink``): such MADs are refused like any other request.
 
 Only libibumad.so.3 (Debian/Ubuntu ``libibumad3``, rdma-core) is needed at
 run time; the structure layouts below mirror rdma-core's ``umad.h``.
@@ -37,7 +48,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sm.transport.base import _TID, TID_OFFSET, Route, TransportError, WindowedTransport
+from sm.transport.base import (
+    _TID,
+    MAD_HEADER_SIZE,
+    TID_OFFSET,
+    Route,
+    TransportError,
+    WindowedTransport,
+    is_trap,
+    refusal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +81,8 @@ _DR_ADDR = (PERMISSIVE_LID, 0, 0)
 _CA_NAME_LEN = 20
 _MAX_CAS = 32
 _CA_MAX_PORTS = 10
+_UMAD2SIM_FD_SLOTS = 8
+"""libumad2sim's umad descriptors per device (its FD_PER_DEVICE)."""
 
 
 # -- rdma-core umad.h layouts (ABI of libibumad.so.3) -------------------------
@@ -162,6 +184,11 @@ def _bare(lib: ctypes.CDLL, name: str) -> Any:
     fn = lib._FuncPtr((name, lib))
     fn.restype = ctypes.c_int
     return fn
+
+
+def _under_umad2sim() -> bool:
+    """libumad2sim (ibsim's stand-in for the kernel's umad devices) is preloaded in this process."""
+    return "umad2sim" in os.environ.get("LD_PRELOAD", "")
 
 
 def _err(rc: int) -> str:
@@ -390,6 +417,8 @@ class UmadTransport(WindowedTransport):
         self._hdr_size = _USER_MAD_HDR
         self._umad_send: Any = None
         self._trap_sources: OrderedDict[bytes, MadAddress] = OrderedDict()
+        self._spare_ports: list[int] = []
+        self._sink = -1
         self.rx_errors = 0
         self.attrs: PortAttrs | None = None
 
@@ -458,6 +487,8 @@ class UmadTransport(WindowedTransport):
             (MGMT_CLASS_PERF, None),
         ):
             self._agents[mclass] = self._register(mclass, 1, mask, where)
+        if _under_umad2sim():
+            self._open_sink(attrs)
         # issm last: holding it makes us the SM that traps go to, and a trap arriving before
         # the agents exist crashed libumad2sim's receive thread (seen 10 times in 30 reconnects).
         if self._want_issm:
@@ -467,6 +498,28 @@ class UmadTransport(WindowedTransport):
         self._send_view = memoryview(self._send_buf).cast("B")
         self._send_addr = None
         self._umad_send = _bare(lib, "umad_send")
+
+    def _open_sink(self, attrs: PortAttrs) -> None:
+        """Under libumad2sim: open its remaining descriptor slots; the last takes unregistered classes.
+
+        libumad2sim looks up the descriptor of an arriving request's class
+        (``agent_fds[class]``, -1 when no agent has it), which maps to its
+        last slot; with that slot empty it dereferences NULL.
+        """
+        assert self._lib is not None
+        for _ in range(_UMAD2SIM_FD_SLOTS - 1):
+            portid = self._lib.umad_open_port(attrs.ca_name.encode(), attrs.port_num)
+            if portid < 0:
+                break  # every slot taken already (another transport in this process holds them)
+            self._spare_ports.append(portid)
+        if len(self._spare_ports) == _UMAD2SIM_FD_SLOTS - 1:
+            self._sink = self._spare_ports[-1]
+        else:
+            log.warning(
+                "libumad2sim: %d of %d descriptor slots free; a MAD of an unregistered class will crash it",
+                len(self._spare_ports),
+                _UMAD2SIM_FD_SLOTS - 1,
+            )
 
     def _open_issm(self, attrs: PortAttrs) -> None:
         assert self._lib is not None
@@ -529,6 +582,10 @@ class UmadTransport(WindowedTransport):
         if self._issm_fd >= 0 and self._libc is not None:
             self._libc.close(self._issm_fd)
             self._issm_fd = -1
+        for spare in self._spare_ports:
+            lib.umad_close_port(spare)
+        self._spare_ports.clear()
+        self._sink = -1
         if self._portid >= 0:
             lib.umad_close_port(self._portid)
             self._portid = -1
@@ -605,6 +662,7 @@ class UmadTransport(WindowedTransport):
         if n > MAD_SIZE or n < 24:
             raise ValueError(f"MAD of {n} bytes; expected 24..{MAD_SIZE}")
         mclass = mad[1]
+        addr: tuple[int, int, int]
         if mclass == MGMT_CLASS_SUBN_DR:
             if isinstance(route, int):
                 raise ValueError(f"directed-route SMP needs a path, got LID {route}")
@@ -619,8 +677,15 @@ class UmadTransport(WindowedTransport):
             addr = (route, 1, GSI_QKEY)
         else:
             raise ValueError(f"management class {mclass:#04x} is not registered on this transport")
+        self._send_to(mad, addr, self._agents[mclass], tid)
+
+    def _send_to(self, mad: bytes, addr: tuple[int, int, int], agent: int, tid: int | None = None) -> None:
+        """``mad`` to (DLID, QP, Q_Key) ``addr`` through ``agent``; with the engine lock held."""
+        view = self._send_view
         lib = self._lib
-        assert lib is not None
+        if view is None or lib is None or self._portid < 0:
+            raise TransportError("transport not started")
+        n = len(mad)
         # The header was zeroed at allocation; umad_send rewrites agent, timeout, retries and
         # length on each send, and the address only changes with the destination.
         if addr != self._send_addr:
@@ -632,7 +697,7 @@ class UmadTransport(WindowedTransport):
             _TID.pack_into(view, hs + TID_OFFSET, tid)
         if n < MAD_SIZE:
             view[hs + n : hs + MAD_SIZE] = bytes(MAD_SIZE - n)
-        rc = self._umad_send(self._portid, self._agents[mclass], self._send_buf, MAD_SIZE, 0, 0)
+        rc = self._umad_send(self._portid, agent, self._send_buf, MAD_SIZE, 0, 0)
         if rc < 0:
             raise TransportError(f"umad_send on {self.ca_name}/{self.port_num} failed: {_err(rc)}")
 
@@ -654,7 +719,6 @@ class UmadTransport(WindowedTransport):
         plen = ctypes.byref(length)
         recv = _bare(lib, "umad_recv")
         portid = self._portid
-        deliver = self._deliver
         monotonic = time.monotonic
         order = sys.byteorder
         next_check = 0.0
@@ -664,22 +728,9 @@ class UmadTransport(WindowedTransport):
             length.value = MAD_SIZE
             rc = recv(portid, buf, plen, wait_ms)
             if rc >= 0:
-                if not int.from_bytes(view[4:8], order):  # struct ib_user_mad.status
-                    n = min(max(length.value, 0), MAD_SIZE)
-                    mad = bytes(view[hs : hs + n])
-                    if n >= 4 and mad[3] & 0x80:
-                        try:
-                            deliver(mad)
-                        except Exception:  # the thread must live on, or every batch would hang
-                            log.exception("umad answer on %s/%s not delivered", self.ca_name, self.port_num)
-                    else:  # a request: a trap; note who sent it
-                        a = lib.umad_get_mad_addr(buf).contents
-                        src = MadAddress(_be16(a.lid), _be32(a.qpn), _be32(a.qkey), a.sl, a.pkey_index)
-                        try:
-                            loop.call_soon_threadsafe(self._deliver_trap, mad, src)
-                        except RuntimeError:  # loop closed underneath us
-                            break
-                # else: a send the kernel gave back (status set, e.g. no path): nothing came in
+                # struct ib_user_mad.status set: a send the kernel gave back (e.g. no path), nothing came in
+                if not int.from_bytes(view[4:8], order) and not self._received(buf, view, length.value):
+                    break
             elif rc in (-errno.ETIMEDOUT, -errno.EINTR, -errno.EAGAIN):
                 pass
             elif rc == -errno.ENOSPC:  # an RMPP answer bigger than a MAD; not ours to take
@@ -691,6 +742,8 @@ class UmadTransport(WindowedTransport):
                     break
             now = monotonic()
             if now >= next_check:
+                if self._sink >= 0:
+                    self._drain_sink(buf, view, length, recv)
                 try:
                     nxt = self._expire_due(now)
                 except Exception:
@@ -700,6 +753,70 @@ class UmadTransport(WindowedTransport):
             # Block in umad_recv only until the next deadline (a fresh batch's may come sooner:
             # the poll is short enough that a timeout fires at most that late, never early).
             wait_ms = max(1, int((next_check - now) * 1000) + 1)
+
+    def _received(self, buf: ctypes.Array[ctypes.c_char], view: memoryview, length: int) -> bool:
+        """One MAD that arrived (its bytes at the header's end of ``buf``); False when the loop is gone.
+
+        Called on the receive thread. An answer goes to the window engine; a
+        trap to the event loop, with its source; any other request is refused.
+        """
+        hs = self._hdr_size
+        n = min(max(length, 0), MAD_SIZE)
+        if n < MAD_HEADER_SIZE:
+            self.stats.malformed += 1
+            return True
+        mad = bytes(view[hs : hs + n])
+        if mad[3] & 0x80:
+            try:
+                self._deliver(mad)
+            except Exception:  # the thread must live on, or every batch would hang
+                log.exception("umad answer on %s/%s not delivered", self.ca_name, self.port_num)
+            return True
+        assert self._lib is not None and self._loop is not None
+        a = self._lib.umad_get_mad_addr(buf).contents
+        src = MadAddress(_be16(a.lid), _be32(a.qpn), _be32(a.qkey), a.sl, a.pkey_index)
+        if is_trap(mad):
+            try:
+                self._loop.call_soon_threadsafe(self._deliver_trap, mad, src)
+            except RuntimeError:  # loop closed underneath us
+                return False
+            return True
+        self._refuse_from(mad, src)
+        return True
+
+    def _refuse_from(self, mad: bytes, src: MadAddress) -> None:
+        """Answer a request nobody here serves with an error status, back to where it came from."""
+        self.stats.refused += 1
+        answer = refusal(mad.ljust(MAD_SIZE, b"\0"))
+        if answer is None or not src.lid or src.lid >= PERMISSIVE_LID:
+            return
+        if answer[1] == MGMT_CLASS_SUBN_LID:
+            addr, agent = (src.lid, 0, 0), self._agents.get(MGMT_CLASS_SUBN_LID)
+        else:  # a GMP: answered from QP1, through the GSI agent we have
+            addr, agent = (src.lid, src.qpn or 1, GSI_QKEY), self._agents.get(MGMT_CLASS_PERF)
+        if agent is None:
+            return
+        try:
+            with self._lock:
+                self._send_to(answer, addr, agent)
+        except TransportError as e:
+            log.debug("refusal to LID %d not sent: %s", src.lid, e)
+
+    def _drain_sink(self, buf: ctypes.Array[ctypes.c_char], view: memoryview, length: ctypes.c_int, recv: Any) -> None:
+        """Take every MAD waiting on libumad2sim's sink descriptor (classes with no agent) and refuse it."""
+        plen = ctypes.byref(length)
+        order = sys.byteorder
+        for _ in range(4096):
+            length.value = MAD_SIZE
+            # umad_recv returns the MAD's agent id, -1 here (no agent has its class): whether a MAD
+            # came is told by struct ib_user_mad.length, which libumad2sim writes for every MAD read.
+            view[16:20] = bytes(4)
+            recv(self._sink, buf, plen, 0)
+            got = int.from_bytes(view[16:20], order)
+            if not got:
+                return
+            if not int.from_bytes(view[4:8], order):
+                self._received(buf, view, got - self._hdr_size)
 
     def _deliver_trap(self, mad: bytes, src: MadAddress) -> None:
         self._trap_sources[mad] = src
