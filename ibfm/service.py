@@ -215,7 +215,7 @@ class Service:
         if fs.transport == "umad":
             from sm.transport.umad import UmadTransport
 
-            return UmadTransport(fs.ca, fs.port)
+            return UmadTransport(fs.ca, fs.port, issm=True)  # an SM holds issm: IsSM set, traps delivered
         from sm.transport.emulated import EmulatedTransport
 
         fabric = build_fabric(self.settings)

@@ -94,7 +94,8 @@ class SmConfig:
     flap_max: int = 4
     """State changes of one port within ``flap_window`` beyond which it is held down."""
     flap_window: float = 60.0
-    flap_hold: float = 300.0
+    flap_hold: float = 10.0
+    """Seconds a held-down port must stay quiet before it is brought up again."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,12 @@ class SubnetSnapshot:
 
     @property
     def up(self) -> bool:
-        """Subnet up: routes verified, everything programmed."""
-        return self.verify.ok and self.program.ok
+        """Subnet up: the whole fabric discovered, routes verified, everything programmed.
+
+        A device that did not answer discovery (behind a port whose link is up)
+        is a part of the subnet left unrouted: not up, and the next sweep is heavy.
+        """
+        return self.verify.ok and self.program.ok and not self.discovery.errors
 
 
 class FabricManager:
@@ -170,6 +175,8 @@ class FabricManager:
         self._reasons: set[str] = set()
         self._lock = asyncio.Lock()
         self._trap_lids: set[int] = set()
+        self.bad_traps = 0
+        """Unsolicited MADs that looked like traps but were no readable Notice."""
 
     # -- triggers ---------------------------------------------------------------
 
@@ -196,9 +203,11 @@ class FabricManager:
                     self.events.emit(SweepFailed(stage="unexpected", reason=f"{type(e).__name__}: {e}"))
                 waiter = asyncio.create_task(self._wake.wait())
                 stopper = asyncio.create_task(stop.wait())
-                await asyncio.wait(
-                    {waiter, stopper}, timeout=self.config.sweep_interval, return_when=asyncio.FIRST_COMPLETED
-                )
+                wait = self.config.sweep_interval
+                release = self.damper.next_release()
+                if release is not None:  # a held port is looked at again as soon as its hold ends
+                    wait = min(wait, max(0.0, release - time.monotonic()) + 0.01)
+                await asyncio.wait({waiter, stopper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 stopper.cancel()
         finally:
@@ -216,22 +225,35 @@ class FabricManager:
             burst, until = [trap], loop.time() + TRAP_SETTLE_S
             while (left := until - loop.time()) > 0 and (more := await self.transport.next_trap(left)) is not None:
                 burst.append(more)
-            self._take_traps(burst)
-            self.request_sweep("trap")
+            if self._take_traps(burst):  # garbage from a hostile or broken host sweeps nothing
+                self.request_sweep("trap")
 
-    def _take_traps(self, traps: list[bytes]) -> None:
-        """Answer each trap with a TrapRepress to its issuer and remember who sent it."""
+    def _take_traps(self, traps: list[bytes]) -> int:
+        """Answer each trap with a TrapRepress to its issuer and remember who sent it; how many were traps.
+
+        A MAD that is no readable Notice is counted in ``bad_traps`` and logged
+        once in a while (any host can send them, as fast as it likes).
+        """
+        good = 0
         for trap in traps:
             try:
                 m = parse_mad(trap)
                 if m.method != Method.TRAP or m.attr_id != SmpAttr.NOTICE:
-                    continue
+                    raise ValueError(f"method {m.method:#04x} attribute {m.attr_id:#06x} is no trap")
                 issuer = int(notice_unpack(m.data)["IssuerLID"])
-                if issuer:
-                    self._trap_lids.add(issuer)
+            except (IbfmError, ValueError, KeyError, IndexError) as e:
+                self.bad_traps += 1
+                if self.bad_traps & (self.bad_traps - 1) == 0:  # the 1st, 2nd, 4th, 8th ...
+                    log.warning("unreadable trap ignored (%d so far): %s", self.bad_traps, e)
+                continue
+            good += 1
+            if 0 < issuer < 0xC000:  # a unicast LID
+                self._trap_lids.add(issuer)
+                try:
                     self.transport.post(trap_repress(trap), issuer)
-            except (IbfmError, ValueError, KeyError) as e:
-                log.warning("cannot repress trap: %s", e)
+                except (IbfmError, ValueError) as e:
+                    log.warning("cannot repress trap from LID %d: %s", issuer, e)
+        return good
 
     # -- sweeps -------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from sm.discover import Discovery, Path
 from sm.lidmap import LidMap
 from sm.links import LinkPlan
 from sm.routing.base import NO_ROUTE, Lft
-from sm.smp import RowCodec, SmpRequest, smp_batch, smp_batch_dr
+from sm.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_batch_dr
 from sm.transport.base import WindowedTransport
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
@@ -201,12 +201,15 @@ async def _port_info_sets(
         _PORT_INFO.patch_rows(data, name, at.tolist(), values[at].tolist())
         set_bytes[[j for j in range(PORT_INFO.size) if name in _PORT_INFO.fields_at(j)]] = True
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, which, mods, data)
+    set_mask = _STATE_MASK & np.where(set_bytes, 0xFF, 0).astype(np.uint8)
+    if res.errors:
+        await _reread_refused(transport, routes, which, mods, data, want_state, set_mask, res)
     failures = [
         f"{f.port_name(node_l[r], port_l[r])}: PortInfo Set {what} failed: {err}" for r, err in res.errors.items()
     ]
     got_state = (res.data[:, 32] & 0x0F).astype(np.int64)
     taken = res.ok & ((want_state == 0) | (got_state == want_state))
-    differs = ((res.data ^ data) & _STATE_MASK & np.where(set_bytes, 0xFF, 0).astype(np.uint8)) != 0
+    differs = ((res.data ^ data) & set_mask) != 0
     blob = res.data.tobytes()
     size = PORT_INFO.size
     for r in np.flatnonzero(res.ok & (differs.any(axis=1) | ~taken)).tolist():
@@ -219,6 +222,35 @@ async def _port_info_sets(
     # Later Sets build on what the ports now hold.
     d.port_info.update_raw((keys[r], blob[r * size : (r + 1) * size]) for r in np.flatnonzero(res.ok).tolist())
     return taken, failures
+
+
+async def _reread_refused(
+    transport: WindowedTransport,
+    routes: list[Path],
+    which: npt.NDArray[np.intp],
+    mods: npt.NDArray[np.int64],
+    data: npt.NDArray[np.uint8],
+    want_state: npt.NDArray[np.int64],
+    set_mask: npt.NDArray[np.uint8],
+    res: SmpAnswers,
+) -> None:
+    """Read back the ports whose Set failed; where a port holds what was asked, the Set was taken.
+
+    A Set whose answer was lost is sent again as is, and a port it already
+    moved (INIT -> ARMED, ARMED -> ACTIVE) refuses the same change again
+    (status 0x1c, invalid attribute value): the state asked for is there
+    all the same. ``res`` is updated in place: such rows become answers.
+    """
+    rows = np.array(sorted(res.errors), np.intp)
+    back = await smp_batch_dr(transport, Method.GET, SmpAttr.PORT_INFO, routes, which[rows], mods[rows])
+    state = (back.data[:, 32] & 0x0F).astype(np.int64)
+    same = ((back.data ^ data[rows]) & set_mask == 0).all(axis=1)
+    there = back.ok & same & ((want_state[rows] == 0) | (state == want_state[rows]))
+    for j in np.flatnonzero(there).tolist():
+        r = int(rows[j])
+        res.ok[r] = True
+        res.data[r] = back.data[j]
+        del res.errors[r]
 
 
 _HELD = ("LID", "LMC", "MasterSMLID", "GIDPrefix", "NeighborMTU", "OperationalVLs", "PortState")

@@ -40,7 +40,16 @@ from fabric.mad import (
 )
 from fabric.mad.constants import SMP_CLASS_VERSION
 from fabric.mad.fields import FieldValue
-from sm.transport.base import Route, WindowedTransport, describe_route
+from sm.transport.base import MadTimeout, Route, WindowedTransport, describe_route
+
+RESEND_ROUNDS = 2
+"""Rounds in which a batch sends again the requests that timed out after all the transport's retries.
+
+On a lossy fabric (a MAD dropped now and then at each hop) a few of
+thousands of SMPs exhaust their retries; sending only those once more, as a
+fresh batch, brings a stage through at little cost. A request that times out
+every round is a device that is gone, and costs (retries + 1) x timeout a round.
+"""
 
 
 class SmpError(IbfmError):
@@ -133,9 +142,34 @@ def build_smps(requests: Sequence[SmpRequest]) -> list[tuple[bytes, Route]]:
     return out
 
 
-async def smp_batch(transport: WindowedTransport, requests: list[SmpRequest]) -> list[bytes | IbfmError]:
-    """Send every SMP under the window; per request the attribute data, or the error naming it."""
-    answers = await transport.send_many(build_smps(requests))
+async def send_resending(
+    transport: WindowedTransport, requests: Sequence[tuple[bytes, Route]], resend: int = RESEND_ROUNDS
+) -> list[bytes | IbfmError]:
+    """``transport.send_many``, then up to ``resend`` more rounds for the requests that timed out.
+
+    A Set whose answer was lost is sent again as is: the caller checks what
+    the device holds when such a Set is refused (it may have been taken the
+    first time).
+    """
+    answers = await transport.send_many(requests)
+    for _ in range(resend):
+        lost = [i for i, a in enumerate(answers) if isinstance(a, MadTimeout)]
+        if not lost:
+            break
+        transport.stats.resent += len(lost)
+        for i, a in zip(lost, await transport.send_many([requests[i] for i in lost]), strict=True):
+            answers[i] = a
+    return answers
+
+
+async def smp_batch(
+    transport: WindowedTransport, requests: list[SmpRequest], *, resend: int = RESEND_ROUNDS
+) -> list[bytes | IbfmError]:
+    """Send every SMP under the window; per request the attribute data, or the error naming it.
+
+    ``resend``: rounds for requests that timed out (:func:`send_resending`).
+    """
+    answers = await send_resending(transport, build_smps(requests), resend)
     out: list[bytes | IbfmError] = []
     append = out.append
     for (route, method, attr_id, attr_mod, _), ans in zip(requests, answers, strict=True):
@@ -226,6 +260,8 @@ async def smp_batch_dr(
     which: npt.NDArray[np.integer[Any]],
     attr_mod: npt.NDArray[np.integer[Any]] | int = 0,
     data: npt.NDArray[np.uint8] | None = None,
+    *,
+    resend: int = RESEND_ROUNDS,
 ) -> SmpAnswers:
     """Directed-route SMPs of one method, one per row, built and checked as arrays.
 
@@ -260,7 +296,7 @@ async def smp_batch_dr(
     blob = mads.tobytes()
     wl = which.tolist()
     reqs = [(blob[i * MAD_SIZE : (i + 1) * MAD_SIZE], paths[w]) for i, w in enumerate(wl)]
-    answers = await transport.send_many(reqs)
+    answers = await send_resending(transport, reqs, resend)
     got = np.frombuffer(
         b"".join(a if type(a) is bytes and len(a) == MAD_SIZE else _NO_ANSWER for a in answers), np.uint8
     ).reshape(n, MAD_SIZE)

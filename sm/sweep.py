@@ -2,8 +2,12 @@
 
 A light sweep reads SwitchInfo of every switch (one batch). Switches whose
 PortStateChange bit is set, and switches that did not answer, have every
-PortInfo read; the bit is cleared. Port physical states are compared with
-the last discovery: links that went down or came up are the changes.
+PortInfo read; the bit is cleared once every port of the switch was read
+(a switch read only in part keeps it, so the next sweep reads it again).
+Port states are compared with the last discovery: links that went down or
+came up are the changes, and so is a link that went down and came back
+between two sweeps (a bounce): it is LinkUp as before, but its logical
+state fell back to INIT, and it must be armed and activated again.
 
 :func:`apply_changes` turns a discovery plus changes into the discovery
 the next heavy sweep routes on, without walking the fabric again, when
@@ -37,6 +41,8 @@ class PortChange:
     up: bool
     info: dict[str, Any] | None = None
     """PortInfo as read now (None when the switch did not answer)."""
+    bounced: bool = False
+    """Up now and up before, but its link retrained (PortState fell back): taken down and up again."""
 
 
 @dataclass
@@ -76,13 +82,16 @@ async def light_sweep(
     sent0 = transport.stats.sent
     paths: list[Path | None] = list(d.paths)
     read: set[int] = set()
+    partial: set[int] = set()
     downs: list[tuple[int, int]] = []
 
     async def read_switches(nodes: Iterable[int]) -> None:
         todo = sorted(set(nodes) - read)
         ports = await _read_ports(transport, d, todo, paths)
         # A switch that answered nothing is read again once its path is repaired.
-        read.update({n for (n, _), info in ports.items() if info is not None})
+        answered = {n for (n, _), info in ports.items() if info is not None}
+        read.update(answered)
+        partial.update(n for (n, _), info in ports.items() if info is None and n in answered)
         downs.extend(_diff(f, ports, out))
 
     def repair_paths() -> None:
@@ -101,7 +110,10 @@ async def light_sweep(
             repair_paths()
     switches = [n for n in f.switches.tolist() if paths[n] is not None]
     silent = [n for n in f.switches.tolist() if paths[n] is None]
-    answers = await smp_batch(transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches])
+    # No resend rounds here: a switch that does not answer is asked again below, by a repaired path.
+    answers = await smp_batch(
+        transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches], resend=0
+    )
     changed: set[int] = {n for n, _ in recheck if f.node_type[n] == NodeType.SWITCH} | set(hint)
     for n, ans in zip(switches, answers, strict=True):
         if isinstance(ans, Exception):
@@ -114,7 +126,9 @@ async def light_sweep(
         old = list(paths)
         repair_paths()
         retry = [n for n in silent if paths[n] is not None and paths[n] != old[n]]
-        again = await smp_batch(transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in retry])
+        again = await smp_batch(
+            transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in retry], resend=1
+        )
         back = [n for n, a in zip(retry, again, strict=True) if not isinstance(a, Exception)]
         out.unreachable = sorted(set(silent) - set(back))
         await read_switches(back)
@@ -148,9 +162,9 @@ async def light_sweep(
     for (c, _, _), ans in zip(known, infos, strict=True):
         if not isinstance(ans, Exception):
             out.peer_info[(c.node, c.port)] = PORT_INFO.unpack(ans)
-    # Clear PortStateChange where it was set (writing 1 clears it).
+    # Clear PortStateChange where it was set (writing 1 clears it), on switches read in full.
     clears: list[SmpRequest] = []
-    for n in sorted(changed - set(out.unreachable)):
+    for n in sorted(changed - set(out.unreachable) - partial):
         path = paths[n]
         if path is None or n not in d.switch_info:
             continue
@@ -194,6 +208,10 @@ def _diff(
             out.changes.append(PortChange(n, p, is_up, info))
             if not is_up:
                 downs.append((n, p))
+        elif is_up and int(info["PortState"]) < int(f.state[n, p]):
+            # Down and up again since the last sweep: the link retrained to INIT under a model
+            # that has it ARMED or ACTIVE. Routes may stay; the port must be brought up again.
+            out.changes.append(PortChange(n, p, True, info, bounced=True))
     return downs
 
 
@@ -209,11 +227,11 @@ def apply_changes(
     f = d.fabric.copy()
     port_info = d.port_info.copy()
     for c in sweep.changes:
-        if c.up:
+        if c.up and not c.bounced:
             continue
         if c.info is not None:
             port_info[(c.node, c.port)] = c.info
-        if f.peer_node[c.node, c.port] >= 0:
+        if f.peer_node[c.node, c.port] >= 0:  # a bounced link is connected again below, as found now
             f.disconnect(c.node, c.port)
     for c in sweep.changes:
         if not c.up:
@@ -273,9 +291,11 @@ def hold_down(f: Fabric, held: Set[tuple[int, int]]) -> None:
 
 
 class FlapDamper:
-    """Hold down a port that changes state more than ``max_flaps`` times in ``window`` seconds."""
+    """Hold down a port that changes state more than ``max_flaps`` times in ``window`` seconds,
+    until it has been quiet for ``hold`` seconds: every change seen while held restarts the hold,
+    so a link storm is kept out of the routes while it lasts, and its links come back soon after."""
 
-    def __init__(self, *, max_flaps: int = 4, window: float = 60.0, hold: float = 300.0) -> None:
+    def __init__(self, *, max_flaps: int = 4, window: float = 60.0, hold: float = 10.0) -> None:
         self.max_flaps = max_flaps
         self.window = window
         self.hold = hold
@@ -289,10 +309,17 @@ class FlapDamper:
         q.append(now)
         while q and q[0] < now - self.window:
             q.popleft()
-        if len(q) > self.max_flaps and key not in self.held_until:
+        if key in self.held_until:
+            self.held_until[key] = now + self.hold  # still flapping: held until quiet for ``hold``
+            return False
+        if len(q) > self.max_flaps:
             self.held_until[key] = now + self.hold
             return True
         return False
+
+    def next_release(self) -> float | None:
+        """When the first hold ends (``time.monotonic`` clock), or None when nothing is held."""
+        return min(self.held_until.values(), default=None)
 
     def flaps(self, key: tuple[int, int]) -> int:
         return len(self._seen.get(key, ()))

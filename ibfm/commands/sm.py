@@ -14,7 +14,7 @@ from ibfm.commands._args import DEFAULT_CHAIN, engine_chain, number_in
 from sm.dump import format_lfts
 from sm.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.query import describe_route, format_route
-from sm.transport.base import WindowedTransport
+from sm.transport.base import TransportStats, WindowedTransport
 
 
 def _lmc(text: str) -> int:
@@ -92,19 +92,20 @@ def open_transport(args: argparse.Namespace) -> WindowedTransport:
     return EmulatedTransport(EmulatedFabric(read_net(args.topology)))
 
 
-async def run_once(args: argparse.Namespace) -> SubnetSnapshot:
+async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportStats]:
+    """One heavy sweep; the snapshot and what the transport counted (SMPs, retries, resends)."""
     transport = open_transport(args)
     try:
         transport.start()
-        return await FabricManager(transport, config_from_args(args)).heavy_sweep()
+        return await FabricManager(transport, config_from_args(args)).heavy_sweep(), transport.stats
     finally:
         await transport.close()
 
 
-def summary(snap: SubnetSnapshot) -> dict[str, Any]:
+def summary(snap: SubnetSnapshot, stats: TransportStats | None = None) -> dict[str, Any]:
     f = snap.fabric
     counts = f.summary()
-    return {
+    out = {
         "subnet_up": snap.up,
         "nodes": {"switches": counts["switches"], "cas": counts["cas"], "links": counts["links"]},
         "lids": {"assigned": int(snap.lids.used().size), "lmc": snap.lids.lmc, "max_lid": snap.lids.max_lid},
@@ -136,6 +137,15 @@ def summary(snap: SubnetSnapshot) -> dict[str, Any]:
         "started_at": snap.started_at,
         "up_at": snap.programmed_at,
     }
+    if stats is not None:
+        out["transport"] = {
+            "sent": stats.sent,
+            "retries": stats.retries,
+            "timeouts": stats.timeouts,
+            "resent": stats.resent,
+            "refused": stats.refused,
+        }
+    return out
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -186,7 +196,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
                     from fabric.fileio import write_text_atomic
 
                     write_text_atomic(args.dump_lfts, format_lfts(snap.fabric, snap.lids, snap.lft))
-                s = summary(snap)
+                s = summary(snap, transport.stats)
                 print(json.dumps(s) if args.json else f"-- sweep {snap.sweep}\n{format_summary(s)}", flush=True)
 
         manager.events.subscribe(on_event)
@@ -201,18 +211,18 @@ async def run_daemon(args: argparse.Namespace) -> int:
 def cmd_sm(args: argparse.Namespace) -> int:
     if args.daemon:
         return asyncio.run(run_daemon(args))
-    snap = asyncio.run(run_once(args))
+    snap, stats = asyncio.run(run_once(args))
     if args.dump_lfts:
         from fabric.fileio import write_text_atomic
 
         write_text_atomic(args.dump_lfts, format_lfts(snap.fabric, snap.lids, snap.lft))
-    s = summary(snap)
+    s = summary(snap, stats)
     print(json.dumps(s, indent=2) if args.json else format_summary(s))
     return 0 if snap.up else 1
 
 
 def cmd_route(args: argparse.Namespace) -> int:
-    snap = asyncio.run(run_once(args))
+    snap, _ = asyncio.run(run_once(args))
     r = describe_route(snap.fabric, snap.lids, snap.lft, args.src, args.dst)
     if args.json:
         from dataclasses import asdict
