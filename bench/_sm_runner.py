@@ -306,6 +306,9 @@ async def _serve(cfg: Line) -> int:
             "timeouts": st.timeouts,
             "retries": st.retries,
             "unmatched": st.unmatched,
+            "resent": st.resent,
+            "refused": st.refused,
+            "malformed": st.malformed,
         }
         if s is not None:
             out.update(

@@ -51,12 +51,10 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,12 +64,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fabric.formats.netfile import parse_net, write_net  # noqa: E402
+from bench._readback import read_back  # noqa: E402
+from bench._readback import run_tool as run  # noqa: E402
+from fabric.formats.netfile import write_net  # noqa: E402
 from fabric.generate import degrade, fattree  # noqa: E402
 from fabric.ibsim import IbsimProcess, ibsim_size_args, missing_ibsim_tools  # noqa: E402
 from fabric.model import Fabric, Speed  # noqa: E402
-from sm.lidmap import LidMap  # noqa: E402
-from sm.routing.base import NO_ROUTE  # noqa: E402
 from sm.verify import shift_quality, verify_routes  # noqa: E402
 
 # ibsim 0.10 knows link rates up to QDR in net-file comments.
@@ -139,10 +137,6 @@ def sim_args(f: Fabric) -> list[str]:
 
 
 # -- running things ---------------------------------------------------------------------------------------
-
-
-def run(argv: Sequence[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def port_xmit_pkts(env: dict[str, str], cwd: Path) -> int | None:
@@ -245,89 +239,20 @@ def run_sm(sm: str, sim: IbsimProcess, work: Path, host: str, roots_file: Path, 
 
 # -- reading the routes back --------------------------------------------------------------------------------
 
-_ROW = re.compile(r"^0x([0-9a-f]{4}) (\d{3})", re.M)
-
-
-def _node_of(f: Fabric, port_guid: int) -> int:
-    return f.by_port_guid(port_guid)[0]
-
-
-def _dr_paths(f: Fabric, src: int) -> dict[int, str]:
-    """Directed-route path (ibdiags ``0,p1,p2,...``) from CA ``src`` to every switch, breadth first."""
-    paths: dict[int, list[int]] = {}
-    up = f.up_mask()
-    frontier = []
-    for p in np.flatnonzero(up[src]).tolist()[:1]:
-        nxt = int(f.peer_node[src, p])
-        paths[nxt] = [0, p]
-        frontier.append(nxt)
-    while frontier:
-        new = []
-        for n in frontier:
-            for p in np.flatnonzero(up[n]).tolist():
-                m = int(f.peer_node[n, p])
-                if f.is_switch(m) and m not in paths:
-                    paths[m] = [*paths[n], p]
-                    new.append(m)
-        frontier = new
-    return {n: ",".join(map(str, p)) for n, p in paths.items()}
-
-
-def read_back(
+def read_routes(
     sim: IbsimProcess, work: Path, host: str, host_guid: int, workers: int, max_shifts: int, res: Result
 ) -> None:
-    """LIDs from ibnetdiscover, LFTs from ibroute, then shift quality and unreachable pairs."""
+    """LIDs from ibnetdiscover, LFTs from ibroute (bench/_readback.py), then shift quality and unreachable pairs."""
     t0 = time.perf_counter()
-    env = sim.env(sim_host=host)
-    cp = run(["ibnetdiscover"], env, work, 1800)
-    if cp.returncode != 0:
-        res.notes.append(f"ibnetdiscover exit {cp.returncode}: {cp.stderr.strip()[-200:]}")
+    try:
+        rb = read_back(sim.env(sim_host=host), work, host_guid, workers=workers, timeout=1800)
+    except RuntimeError as e:
+        res.notes.append(str(e)[:200])
         return
-    f = parse_net(cp.stdout, "ibnetdiscover")
-    base = np.zeros(f.port_exists.shape, np.uint16)
-    ep = f.endports()
-    base[ep[:, 0], ep[:, 1]] = f.lid[ep[:, 0], ep[:, 1]]
-    lids = LidMap.from_base(base)
-    sw = f.switches
-    sw_lids = [int(base[n, 0]) for n in sw.tolist()]
-    lft = np.full((sw.size, lids.max_lid + 1), NO_ROUTE, np.uint8)
-
-    dr_paths: dict[int, str] | None = None
-
-    def one(row: int) -> tuple[int, str, str]:
-        nonlocal dr_paths
-        out = run(["ibroute", "-n", str(sw_lids[row])], env, work, 600)
-        if out.returncode == 0:
-            return row, out.stdout, ""
-        # The SM left this switch's LID unrouted from here: read its LFT by directed route instead.
-        if dr_paths is None:
-            dr_paths = _dr_paths(f, _node_of(f, host_guid))
-        dr = run(["ibroute", "-n", "-D", dr_paths[int(sw[row])]], env, work, 600)
-        if dr.returncode == 0:
-            return row, dr.stdout, f"switch LID {sw_lids[row]} ({f.descs[sw[row]]}) unreachable by LID; read by DR"
-        return row, "", f"ibroute {sw_lids[row]} ({f.descs[sw[row]]}): {out.stderr.strip().splitlines()[0][:160]}"
-
-    failed = 0
-    with ThreadPoolExecutor(workers) as pool:
-        for row, text, err in pool.map(one, range(sw.size)):
-            if err and len(res.notes) < 6:
-                res.notes.append(err)
-            if not text:
-                failed += 1
-                continue
-            rows = np.array(_ROW.findall(text), dtype=object)
-            if rows.size:
-                lid = np.array([int(x, 16) for x in rows[:, 0]], np.int64)
-                port = np.array([int(x) for x in rows[:, 1]], np.int64)
-                keep = lid <= lids.max_lid
-                lft[row, lid[keep]] = port[keep]
-    if failed:
-        res.notes.append(f"ibroute failed on {failed} switches")
-    if lids.max_lid % 64 == 0:
-        # ibroute reads blocks up to ALIGN(top, 64)/64 - 1: a top LID opening a new block is never read.
-        res.notes.append(f"top LID {lids.max_lid} opens a new block: ibroute cannot read it, counted unrouted")
-    q = shift_quality(f, lids, lft, max_shifts=max_shifts, seed=1)
-    v = verify_routes(f, lids, lft)
+    res.notes += [f"switch {s} unreachable by LID; read by DR" for s in rb.by_dr[:3]]
+    res.notes += [f"ibroute failed on {s}" for s in rb.unread[:3]] + rb.notes
+    q = shift_quality(rb.fabric, rb.lids, rb.lft, max_shifts=max_shifts, seed=1)
+    v = verify_routes(rb.fabric, rb.lids, rb.lft)
     res.shifts, res.total_shifts = q.shifts, q.total_shifts
     res.max_load, res.mean_max_load, res.mean_load = q.max_load, round(q.mean_max_load, 2), round(q.mean_load, 3)
     res.unreachable, res.pairs = v.unreachable, v.pairs
@@ -363,7 +288,7 @@ def bench_one(spec: str, degraded: bool, sms: Sequence[str], args: argparse.Name
                     # First the SM port's counter (attached at the SM's host), then the read-back
                     # from another host so that its MADs leave by another port.
                     res.port_xmit_pkts = port_xmit_pkts(sim.env(sim_host=sm_host), work)
-                    read_back(sim, work, tool_host, tool_guid, args.workers, args.max_shifts, res)
+                    read_routes(sim, work, tool_host, tool_guid, args.workers, args.max_shifts, res)
                 out.append(res)
                 print_row(res, flush=True)
 
