@@ -1,10 +1,20 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a half."""
+"""Atomic file writes: a reader sees the old file or the new one, never a half.
+
+A write goes through a temp file ``.<name>.XXXXXXXX.tmp`` beside the target. The writer holds
+an exclusive ``flock`` on it until the rename, so :func:`remove_stale_temps` can tell the temp
+file of a killed writer (lock free) from one being written now (lock held).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
 
 
 def _umask() -> int:
@@ -17,21 +27,49 @@ def _umask() -> int:
 _UMASK = _umask()
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` through a temp file in the same directory, fsync, rename over ``path``, fsync the directory.
+def _temp_prefix(p: Path) -> str:
+    return f".{p.name}."
 
-    The file gets the mode a plain ``open()`` would give it (0666 less the umask).
-    """
+
+def temp_name_pattern(path: str | os.PathLike[str]) -> re.Pattern[str]:
+    """The names of the temp files a write of ``path`` creates (``tempfile.mkstemp``: 8 of ``[a-z0-9_]``)."""
+    p = Path(path)
+    return re.compile(re.escape(_temp_prefix(p)) + r"[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _locked_temp(p: Path) -> tuple[int, str]:
+    """A new temp file beside ``p``, locked, and still under its name (remove_stale_temps may have taken it
+    between its creation and our lock: then take another)."""
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(p), suffix=TEMP_SUFFIX, dir=p.parent)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):
+                return fd, tmp
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        os.close(fd)
+
+
+def _write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int | None = None) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    fd, tmp = _locked_temp(p)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "w" if isinstance(data, str) else "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK if mode is None else mode)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, p)
+            os.replace(tmp, p)  # before the lock goes with the descriptor: a locked temp name only ever vanishes
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -40,3 +78,69 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         os.fsync(dfd)  # the rename itself survives a crash
     finally:
         os.close(dfd)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` through a temp file in the same directory, fsync, rename over ``path``, fsync the directory.
+
+    The file gets the mode a plain ``open()`` would give it (0666 less the umask).
+    """
+    _write_atomic(path, text)
+
+
+def copy_atomic(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> bool:
+    """Replace ``dest`` atomically by a copy of ``src`` (same bytes, same permission bits); ``src`` stays.
+
+    False, and nothing done, when ``src`` does not exist.
+    """
+    try:
+        with open(src, "rb") as f:
+            data = f.read()
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode) & 0o777
+    except FileNotFoundError:
+        return False
+    _write_atomic(dest, data, mode)
+    return True
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temp files that writes of ``path`` left behind when killed; returns those removed.
+
+    Only names of exactly :func:`temp_name_pattern`'s form are candidates, and only when no live
+    writer holds their lock. A directory that cannot be listed removes nothing: the caller's
+    own read or write of ``path`` reports that better.
+    """
+    p = Path(path)
+    pattern = temp_name_pattern(p)
+    removed: list[Path] = []
+    try:
+        names = [e.name for e in os.scandir(p.parent) if pattern.fullmatch(e.name)]
+    except OSError:
+        return removed
+    for name in names:
+        tmp = p.parent / name
+        try:
+            # read-write: flock over NFS is a POSIX lock, and an exclusive one needs a writable descriptor
+            fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # gone already, a symlink, or not ours to open
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a writer is at work on it
+            try:
+                same = os.stat(tmp, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if _same_file(same, st):
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed

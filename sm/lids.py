@@ -5,8 +5,11 @@ It is read at start and rewritten atomically whenever the plan changes, so
 a restart keeps every LID; a new port gets the lowest free aligned range
 without moving anyone; entries of ports that are absent now stay reserved,
 so a host that comes back gets its LID back (as OpenSM does). A malformed
-line or a conflicting entry yields a warning naming file and line, and only
-that entry is reassigned.
+line (bytes that are not ASCII included; a comment may hold any bytes) or a
+conflicting entry yields a warning naming file and line, and only that entry
+is reassigned. A rewrite that would drop or change a line the file held first
+keeps the file as it was in ``<name>.bak``. Temp files of a writer killed
+mid-write are removed when the file is opened.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fabric.errors import IbfmError
-from fabric.fileio import write_text_atomic
+from fabric.fileio import copy_atomic, remove_stale_temps, write_text_atomic
 from fabric.model import Fabric
 from sm.lidmap import MAX_UNICAST_LID, LidMap
 
@@ -46,7 +49,7 @@ class LidPlan:
 
 
 def read_guid2lid(path: str | os.PathLike[str]) -> tuple[Guid2Lid, list[str]]:
-    """Parse a guid2lid file; returns (entries, warnings). A missing file is empty."""
+    """Parse a guid2lid file; returns (entries, warnings), one warning per line not kept. A missing file is empty."""
     p = Path(path)
     entries: Guid2Lid = {}
     warnings: list[str] = []
@@ -56,13 +59,17 @@ def read_guid2lid(path: str | os.PathLike[str]) -> tuple[Guid2Lid, list[str]]:
         return entries, warnings
     except OSError as e:
         raise LidError(f"{p}: cannot read the guid2lid file: {e.strerror or e}") from e
-    try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError:
-        return entries, [f"{p}: not a text file; every LID will be assigned anew"]
     seen_lid: dict[int, tuple[int, int]] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.split("#", 1)[0].strip()
+    # Line by line on bytes: a stray byte costs its own line only. The comment is cut off before
+    # decoding, so it may hold anything: "#" is ASCII, and UTF-8 builds every other character from
+    # bytes >= 0x80 only.
+    for n, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
+        data = line.split(b"#", 1)[0]
+        try:
+            s = data.decode("ascii").strip()
+        except UnicodeDecodeError as e:
+            warnings.append(f"{p}:{n}: byte {data[e.start]:#04x} at column {e.start + 1} is not ASCII; entry ignored")
+            continue
         if not s:
             continue
         parts = s.split()
@@ -163,6 +170,12 @@ def assign_lids(fabric: Fabric, previous: Guid2Lid | None = None, *, lmc: int = 
     return LidPlan(LidMap.from_base(base, lmc), result, new, warnings)
 
 
+def backup_path(path: str | os.PathLike[str]) -> Path:
+    """Where a rewrite that drops or changes entries keeps the previous guid2lid file."""
+    p = Path(path)
+    return p.with_name(p.name + ".bak")
+
+
 class LidManager:
     """Owns the guid2lid file: load once, plan each sweep, write when changed."""
 
@@ -171,17 +184,32 @@ class LidManager:
         self.lmc = lmc
         self.warnings: list[str] = []
         self.entries: Guid2Lid = {}
+        """What the file holds (its kept lines)."""
         if self.path is not None:
+            remove_stale_temps(self.path)
             self.entries, self.warnings = read_guid2lid(self.path)
-        self._dirty = bool(self.warnings)
+        self._lines_ignored = bool(self.warnings)
+        """The file holds lines that are not in ``entries``: a rewrite drops them."""
 
     def plan(self, fabric: Fabric) -> LidPlan:
         plan = assign_lids(fabric, self.entries, lmc=self.lmc)
         plan.warnings[:0] = self.warnings
         self.warnings = []
-        if plan.changed or self._dirty or plan.guid2lid != self.entries:
+        if self.path is None:
             self.entries = plan.guid2lid
-            if self.path is not None:
-                write_guid2lid(self.path, self.entries)
-            self._dirty = False
+        elif self._lines_ignored or plan.guid2lid != self.entries:
+            if self._lines_ignored or any(plan.guid2lid.get(g) != e for g, e in self.entries.items()):
+                bak = backup_path(self.path)
+                try:
+                    kept = copy_atomic(self.path, bak)
+                except OSError as e:
+                    raise LidError(
+                        f"{bak}: cannot keep the previous guid2lid file before a rewrite that drops or "
+                        f"changes its entries: {e.strerror or e}; {self.path} left as it is"
+                    ) from e
+                if kept:
+                    plan.warnings.append(f"{self.path}: entries dropped or changed; the previous file is kept as {bak}")
+            write_guid2lid(self.path, plan.guid2lid)
+            self.entries = plan.guid2lid
+            self._lines_ignored = False
         return plan
