@@ -16,13 +16,23 @@ from __future__ import annotations
 
 import os
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
@@ -60,8 +70,49 @@ def check_pattern_spec(spec: str) -> str:
     return text
 
 
+def _is_scalar(ann: Any) -> bool:
+    """Whether a field takes only numbers or booleans (``int``, ``float``, ``bool``, ``Literal[2, 3]``, optional)."""
+    if typing.get_origin(ann) is Literal:
+        return all(isinstance(a, bool | int | float) for a in typing.get_args(ann))
+    if ann in (bool, int, float):
+        return True
+    members = [a for a in typing.get_args(ann) if a is not type(None)]
+    return typing.get_origin(ann) in (typing.Union, types.UnionType) and all(_is_scalar(a) for a in members)
+
+
+def _scalar_from_text(text: str) -> object:
+    """A number or boolean written as text (an environment variable, a flag) -> the value TOML gives it.
+
+    The environment holds only text. pydantic turns ``"3"`` into ``3`` for an ``int`` field but
+    compares a ``Literal[2, 3]`` field's input as it is, so ``IBFM_FABRIC__FATTREE_LEVELS=3`` failed
+    where the file's ``fattree_levels = 3`` passed. Read as a TOML value, ``IBFM_X=3`` means what
+    ``x = 3`` means in the file, for every number and boolean field. Text that is not one TOML
+    number or boolean stays text for pydantic: ``yes`` and ``on`` still mean true, and junk
+    (``3 # c``, two lines) is an error naming the setting.
+    """
+    t = text.strip()
+    if not t or any(c in t for c in "\n\r#"):
+        return text
+    try:
+        value = tomllib.loads(f"v = {t}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    return value if isinstance(value, bool | int | float) else text
+
+
+def _scalar_text_as_toml(cls: type[BaseModel], value: object, info: ValidationInfo) -> object:
+    """Before-validator of every field: text for a number or boolean field is read as TOML reads it."""
+    if isinstance(value, str) and info.field_name is not None:
+        field = cls.model_fields.get(info.field_name)
+        if field is not None and _is_scalar(field.annotation):
+            return _scalar_from_text(value)
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    _scalars_as_toml = field_validator("*", mode="before")(classmethod(_scalar_text_as_toml))
 
 
 def _split_list(value: object) -> str:
@@ -162,7 +213,9 @@ class SmSettings(_Section):
         4, ge=1, description="Flap damping: state changes of one port within `flap_window` before it is held down."
     )
     flap_window: float = Field(60.0, gt=0.0, description="Flap damping: window in seconds for counting changes.")
-    flap_hold: float = Field(300.0, ge=0.0, description="Flap damping: seconds a flapping port is held down.")
+    flap_hold: float = Field(
+        10.0, ge=0.0, description="Flap damping: seconds a held-down port must be quiet before it is brought up again."
+    )
     check_credit_loops: bool = Field(True, description="Check the routes for credit loops after each heavy sweep.")
     offload: bool = Field(
         True,
@@ -303,6 +356,8 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)  # type: ignore[arg-type]
     mqtt: MqttSettings = Field(default_factory=MqttSettings)  # type: ignore[arg-type]
     log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
+
+    _scalars_as_toml = field_validator("*", mode="before")(classmethod(_scalar_text_as_toml))
 
     @field_validator("listen")
     @classmethod
