@@ -18,6 +18,9 @@ Reads are open. Writes (``POST /api/v1/sweep``) need ``Authorization:
 Bearer <token>``; without a configured token they are refused. Every error
 is JSON ``{"error", "detail", "parameter"}``; unexpected exceptions become
 a 500 of the same shape (and are logged), but no input is meant to reach it.
+A request aiohttp cannot parse (a line over 8,190 bytes, bytes that are not
+HTTP) never reaches a handler: aiohttp answers it with its own plain-text
+400, and :data:`SERVER_LOG` makes that one log line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,9 +44,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 from aiohttp import web
+from aiohttp.http import HttpProcessingError
 from pydantic import ValidationError
 
-from exporters.openapi import API_PREFIX, WhatIfRequest, build_openapi
+from exporters.openapi import API_PREFIX, OFFSET_MAX, PATTERN_SPEC_PATTERN, WhatIfRequest, build_openapi
 from fabric.errors import IbfmError
 from fabric.formats.netfile import parse_net, read_net
 from fabric.model import (
@@ -227,7 +232,7 @@ class SnapshotView:
         try:
             hit = resolve_endpoint(self.fabric, self.lids, t)
         except EndpointError as e:
-            status = 400 if "bad GUID" in str(e) or "empty" in str(e) else 404
+            status = 400 if str(e).startswith("bad GUID") else 404  # not "no node named 'bad GUID'"
             raise ApiError(status, "bad_parameter" if status == 400 else "not_found", f"{parameter}: {e}",
                            parameter) from None
         if len(self._endpoints) < 4 * self.n + 1024:
@@ -507,19 +512,26 @@ def _query(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-_INT = re.compile(r"-?[0-9]{1,12}")
+_INT = re.compile(r"(-?)0*([0-9]+)")
 
 
 def _int(q: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """An integer query parameter of any length (ASCII digits, optional minus) within ``lo..hi``."""
     text = q.get(name)
     if text is None:
         return default
     t = text.strip()
-    if not _INT.fullmatch(t):
+    m = _INT.fullmatch(t)
+    if m is None:
         raise ApiError(400, "bad_parameter", f"{name}: {text!r} is not an integer", name)
-    v = int(t)
-    if not lo <= v <= hi:
-        raise ApiError(400, "bad_parameter", f"{name}: {v} outside {lo}..{hi}", name)
+    sign, digits = m.groups()
+    shown = t if len(t) <= 24 else f"{t[:12]}...({len(digits)} digits)"
+    # beyond 20 digits the value is out of any range here; int() of thousands of digits would refuse anyway
+    v = int(sign + digits) if len(digits) <= 20 else (-1 if sign else 1) * (abs(lo) + abs(hi) + 1)
+    if v > hi:
+        raise ApiError(400, "bad_parameter", f"{name}: {shown} is too large (must be <= {hi})", name)
+    if v < lo:
+        raise ApiError(400, "bad_parameter", f"{name}: {shown} is too small (must be >= {lo})", name)
     return v
 
 
@@ -534,7 +546,7 @@ def _choice(q: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str | 
 
 
 def _page(q: Mapping[str, str]) -> tuple[int, int]:
-    return _int(q, "limit", 100, 1, 1000), _int(q, "offset", 0, 0, 1 << 31)
+    return _int(q, "limit", 100, 1, 1000), _int(q, "offset", 0, 0, OFFSET_MAX)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -561,7 +573,7 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
     if optional and not request.can_read_body:
         return {}
     raw = await _read_body(request, ("application/json",))
-    if optional and not raw.strip():
+    if optional and not raw:  # no body; a blank one is not JSON
         return {}
     try:
         return json.loads(raw)
@@ -582,7 +594,14 @@ def _require_write(request: web.Request) -> None:
     if not auth or scheme.lower() != "bearer" or not given.strip():
         raise ApiError(401, "unauthorized", "this request changes the subnet: send Authorization: Bearer <token>",
                        "Authorization", headers={"WWW-Authenticate": 'Bearer realm="ibfm"'})
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+    try:
+        # aiohttp decodes header bytes as UTF-8 with surrogateescape: this gives back the bytes as sent
+        sent = given.strip().encode("utf-8", "surrogateescape")
+        sent.decode("utf-8")
+    except UnicodeError:
+        raise ApiError(401, "unauthorized", "the bearer token is not UTF-8 text", "Authorization",
+                       headers={"WWW-Authenticate": 'Bearer realm="ibfm", error="invalid_token"'}) from None
+    if not hmac.compare_digest(sent, token.encode()):
         raise ApiError(403, "forbidden", "the bearer token is not the configured API token", "Authorization")
 
 
@@ -597,6 +616,45 @@ async def _heavy(request: web.Request, fn: Callable[[], Any]) -> Any:
         return await asyncio.to_thread(fn)
 
 
+# -- requests aiohttp refuses -----------------------------------------------------------------------------
+
+
+def _protocol_error_text(exc: BaseException) -> str:
+    """What aiohttp says of a request it could not parse, on one line of at most 200 characters."""
+    cause = exc if isinstance(exc, HttpProcessingError) else exc.__cause__
+    text = " ".join((cause.message if isinstance(cause, HttpProcessingError) else str(exc)).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class _ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger, except that a request aiohttp cannot parse is one line, not a traceback.
+
+    Any client can send a URL or header over aiohttp's 8,190 bytes, bytes that are not HTTP, or a body whose
+    framing or Content-Encoding breaks. aiohttp answers 400 itself (before any handler) and logs the
+    exception with its traceback at ERROR: a log anyone can flood. Given to aiohttp's request handler as its
+    ``logger`` (``web.Application(handler_args=...)``), this logs such an error as one INFO line (DEBUG ones
+    stay DEBUG) and passes every other message through unchanged.
+    """
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if exc is True:
+            exc = sys.exc_info()[1]
+        elif isinstance(exc, tuple):
+            exc = exc[1]
+        if not isinstance(exc, HttpProcessingError | web.RequestPayloadError):
+            self.logger.log(level, msg, *args, **kwargs)
+            return
+        level = min(level, logging.INFO)
+        if self.logger.isEnabledFor(level):
+            what = str(msg) % args if args else str(msg)
+            self.logger.log(level, "%s: %s", what, _protocol_error_text(exc))
+
+
+SERVER_LOG = _ServerLog(logging.getLogger("aiohttp.server"))
+"""The ``logger`` of aiohttp's request handler for the API's app."""
+
+
 # -- middleware ----------------------------------------------------------------------------------------------
 
 
@@ -608,6 +666,8 @@ async def _errors(
         return await handler(request)
     except ApiError as e:
         return error_response(e.status, e.error, e.detail, e.parameter, e.headers)
+    except web.RequestPayloadError as e:  # bad chunked framing, Content-Encoding that does not decode, ...
+        return error_response(400, "bad_body", f"the body could not be read: {_protocol_error_text(e)}", "body")
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -1038,16 +1098,27 @@ def _check_spec(text: str, parameter: str) -> str:
     return text.strip()
 
 
+_PATTERN_SPEC = re.compile(PATTERN_SPEC_PATTERN)
+
+
 def _build_pattern(fabric: Fabric, lids: Any, spec: str, parameter: str) -> tuple[Pattern, int]:
-    """The pattern on this fabric and its number of hosts; ApiError 400 naming what is wrong."""
+    """The pattern on this fabric and its number of hosts.
+
+    ApiError naming what is wrong: 409 for a spec of the documented form that this fabric cannot serve
+    (a shift that is a multiple of the hosts, more incast senders than hosts, too many flows), 400 for any
+    other spec that does not parse.
+    """
     n = int(hosts(fabric, lids).shape[0])
+    status, error = (409, "not_applicable") if _PATTERN_SPEC.fullmatch(spec) else (400, "bad_parameter")
     if spec.split("@")[0].strip().lower() == "all-to-all" and n * (n - 1) > MAX_FLOWS:
-        raise ApiError(400, "bad_parameter", f"{parameter}: all-to-all on {n} hosts is {n * (n - 1):,} flows, "
+        raise ApiError(status, error, f"{parameter}: all-to-all on {n} hosts is {n * (n - 1):,} flows, "
                        f"above the API's limit of {MAX_FLOWS:,}", parameter)
     try:
         return parse_pattern(spec, fabric, lids), n
     except PatternError as e:
-        raise ApiError(400, "bad_parameter", f"{parameter}: {e}", parameter) from None
+        raise ApiError(status, error, f"{parameter}: {e}", parameter) from None
+    except OverflowError:  # a shift beyond int64 (the documented form stops at 18 digits)
+        raise ApiError(400, "bad_parameter", f"{parameter}: a number in {spec!r} is too large", parameter) from None
 
 
 @analysis.get(f"{API_PREFIX}/congestion")
@@ -1119,7 +1190,7 @@ def _link_spec(v: SnapshotView, item: Any, where: str) -> tuple[int, int]:
         node_id, port = item.node, item.port
     n = v.node(node_id, where)
     if not 1 <= port <= v.nports[n]:
-        raise ApiError(400, "bad_body", f"{where}: {v.names[n]} has no port {port} (1..{v.nports[n]})", where)
+        raise ApiError(404, "not_found", f"{where}: {v.names[n]} has no port {port} (1..{v.nports[n]})", where)
     return n, port
 
 
@@ -1140,28 +1211,24 @@ async def post_whatif(request: web.Request) -> web.Response:
         raise ApiError(400, "bad_body", "name at least one cable (links) or switch (switches) to fail", "links")
     pat = _check_spec(req.pattern, "pattern")
     _build_pattern(v.fabric, v.lids, pat, "pattern")  # a bad spec is the caller's error, not a result
+    # a cable or switch named twice (by either end, by name, GUID or LID) is failed once
     links: list[tuple[int, int]] = []
+    ends: set[tuple[int, int]] = set()
     for i, item in enumerate(req.links):
         n, p = _link_spec(v, item, f"links[{i}]")
         if v.peer_node[n][p] == NO_PEER:
-            raise ApiError(400, "bad_body", f"links[{i}]: {v.fabric.port_name(n, p)} has no cable", f"links[{i}]")
-        links.append((n, p))
-    ends: set[tuple[int, int]] = set()
-    for i, (n, p) in enumerate(links):
-        other = (v.peer_node[n][p], v.peer_port[n][p])
-        if (n, p) in ends or other in ends:
-            raise ApiError(400, "bad_body", f"links[{i}]: the cable at {v.fabric.port_name(n, p)} is listed twice",
-                           f"links[{i}]")
-        ends.add((n, p))
+            raise ApiError(404, "not_found", f"links[{i}]: {v.fabric.port_name(n, p)} has no cable", f"links[{i}]")
+        if (n, p) not in ends:
+            links.append((n, p))
+            ends.update(((n, p), (v.peer_node[n][p], v.peer_port[n][p])))
     switches: list[int] = []
     for i, text in enumerate(req.switches):
         n = v.node(text, f"switches[{i}]")
         if not v.is_sw[n]:
-            raise ApiError(400, "bad_body", f"switches[{i}]: {v.names[n]} is a {v.kind[n]}, not a switch",
+            raise ApiError(404, "not_a_switch", f"switches[{i}]: {v.names[n]} is a {v.kind[n]}, not a switch",
                            f"switches[{i}]")
-        if n in switches:
-            raise ApiError(400, "bad_body", f"switches[{i}]: {v.names[n]} is listed twice", f"switches[{i}]")
-        switches.append(n)
+        if n not in switches:
+            switches.append(n)
     cfg = request.app[MANAGER].config
     chain = tuple(cfg.engines)
     options = RoutingOptions(root_guids=tuple(cfg.root_guids))
@@ -1246,7 +1313,8 @@ def create_app(
 ) -> web.Application:
     """The aiohttp application: every ``/api/v1`` route, and ``GET /metrics`` when ``metrics`` is a handler."""
     cfg = config or ApiConfig()
-    app = web.Application(middlewares=[_errors], client_max_size=cfg.max_body_bytes)
+    app = web.Application(middlewares=[_errors], client_max_size=cfg.max_body_bytes,
+                          handler_args={"logger": SERVER_LOG})
     app[MANAGER] = manager
     app[CONFIG] = cfg
     app[PERFMGR] = perfmgr

@@ -4,12 +4,14 @@ Handlers in :mod:`exporters.http_api` build plain dicts for speed; these
 models say what those dicts hold. The component schemas of the document
 are derived from the models, the paths are written out here, and the
 tests validate every response against its model, so the document cannot
-drift from what the server sends.
+drift from what the server sends. The parameter and request schemas say
+exactly what the server takes (lengths, patterns, bounds), so a request
+the document calls valid is never answered 400.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
@@ -18,6 +20,59 @@ from sm.events import event_schema
 
 API_PREFIX = "/api/v1"
 API_VERSION = "1.0.0"
+
+
+# -- what the server takes, as JSON Schema keywords ----------------------------------------------------------
+#
+# The regexes are written in the subset ECMA-262 and Python's re agree on, and say exactly what the handlers
+# of exporters.http_api accept; tests/test_http_api.py checks both directions.
+
+_WS = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+"""The characters ``str.strip()`` removes (Python's whitespace), spelled out: ``\\s`` differs between dialects."""
+
+NODE_ID_MAX = 256
+"""Longest node id (name, GUID or LID) the API takes."""
+_NODE_CORE = rf"(?:0[xX](?:_?[0-9a-fA-F])+[{_WS}]*|[^0{_WS}][\s\S]*|0(?:[^xX][\s\S]*)?)"
+NODE_ID_PATTERN = rf"^[{_WS}]*{_NODE_CORE}$"
+"""A node id: not blank, and a GUID when it starts with 0x (hex digits, single underscores between them)."""
+_PORT = r"(?:25[0-4]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]?)"
+LINK_PATTERN = rf"^[{_WS}]*{_NODE_CORE}\[{_PORT}\][{_WS}]*$"
+"""A cable as ``NODE[PORT]``, port 1..254."""
+_N = r"[1-9][0-9]{0,17}"
+_N0 = r"(?:0|[1-9][0-9]{0,17})"
+_LOAD = r"(?:[0-9]*[1-9][0-9]*(?:\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)"
+PATTERN_SPEC_MAX = 200
+PATTERN_SPEC_PATTERN = (
+    rf"^(?:shift:{_N}|random-(?:permutation|bisection)(?::{_N0})?|all-to-all|incast:{_N}(?::{_N0})?|ring"
+    rf"|ring-per-rail)(?:@{_LOAD})?$"
+)
+"""A traffic pattern spec (``sm.patterns``): the names in lower case, integers below 10**18 without sign or
+leading zeros, a positive decimal load. Whether the fabric has the hosts it needs is the server's answer (409)."""
+NETFILE_FORMAT = "ibnetdiscover"
+"""The string format of a posted net file (ibsim or ibnetdiscover): a custom format, which JSON Schema validators
+ignore and a fuzzer must be taught (``scripts/fuzz_http.py`` does)."""
+
+NODE_ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": NODE_ID_MAX,
+                                  "pattern": NODE_ID_PATTERN}
+PATTERN_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": PATTERN_SPEC_MAX,
+                                  "pattern": PATTERN_SPEC_PATTERN}
+NETFILE_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "format": NETFILE_FORMAT,
+    "pattern": r"[^\t-\r ]",
+    "description": "An ibsim or ibnetdiscover net file, UTF-8, not blank.",
+    "examples": ['Switch\t2 "sw-0"\n[1]\t"host-0"[1]\n\nHca\t1 "host-0"\n[1]\t"sw-0"[1]\n'],
+}
+OFFSET_MAX = 1 << 31
+"""Largest ``offset`` of a page."""
+
+
+def _keywords(schema: dict[str, Any]) -> dict[str, Any]:
+    """A string schema's keywords other than its type, for a pydantic field's ``json_schema_extra``."""
+    return {k: v for k, v in schema.items() if k != "type"}
+
+
+NodeId = Annotated[str, Field(json_schema_extra=_keywords(NODE_ID_SCHEMA))]
 
 
 class _M(BaseModel):
@@ -307,18 +362,40 @@ class RouteQuality(_M):
 
 
 class LinkSpec(_M):
-    node: str = Field(description="Node name, GUID (0x...) or LID.")
+    node: NodeId = Field(description="Node name, GUID (0x...) or LID.")
     port: int = Field(ge=1, le=254)
 
 
+LinkText = Annotated[
+    str, Field(json_schema_extra={"minLength": 4, "maxLength": NODE_ID_MAX + 3, "pattern": LINK_PATTERN})
+]
+
+
 class WhatIfRequest(_M):
-    links: list[str | LinkSpec] = Field(
+    """At least one cable or switch; one listed twice (under any of its names) counts once."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["links"], "properties": {"links": {"minItems": 1}}},
+                {"required": ["switches"], "properties": {"switches": {"minItems": 1}}},
+            ],
+            "examples": [{"links": ["leaf-01[6]", {"node": "leaf-02", "port": 7}], "switches": ["spine-00"],
+                          "pattern": "shift:4", "max_shifts": 32}],
+        }
+    )
+
+    links: list[LinkText | LinkSpec] = Field(
         default_factory=list, max_length=4096, description="Cables to fail: `node[port]` or {node, port}."
     )
-    switches: list[str] = Field(
+    switches: list[NodeId] = Field(
         default_factory=list, max_length=4096, description="Switches to remove: name, GUID or LID."
     )
-    pattern: str = Field("shift:1", description="Traffic pattern for the congestion prediction.")
+    pattern: str = Field(
+        "shift:1",
+        description="Traffic pattern for the congestion prediction.",
+        json_schema_extra=_keywords(PATTERN_SCHEMA),
+    )
     max_shifts: int = Field(32, ge=1, le=1024, description="Shifts sampled for the shift-quality figures.")
 
 
@@ -385,6 +462,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "No bearer token",
         403: "Wrong token, or writes disabled",
         404: "Nothing by that name",
+        409: "Valid, but not on this fabric (e.g. more incast senders than hosts)",
         413: "Body too large",
         415: "Unsupported body type",
         429: "A heavy computation is already running",
@@ -393,15 +471,22 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json("ErrorBody", text[c]) for c in codes}
 
 
-def _param(name: str, where: str, schema: dict[str, Any], description: str, required: bool = False) -> dict[str, Any]:
-    return {"name": name, "in": where, "required": required or where == "path", "description": description,
-            "schema": schema}
+def _param(
+    name: str, where: str, schema: dict[str, Any], description: str, required: bool = False, example: Any = None
+) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": name, "in": where, "required": required or where == "path",
+                         "description": description, "schema": schema}
+    if example is not None:
+        d["example"] = example
+    return d
 
 
 _LIMIT = _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
                 "Items per page.")
-_OFFSET = _param("offset", "query", {"type": "integer", "minimum": 0, "default": 0}, "Items to skip.")
-_NODE_ID = _param("id", "path", {"type": "string", "minLength": 1}, "Node name, node or port GUID (0x...), or LID.")
+_OFFSET = _param("offset", "query", {"type": "integer", "minimum": 0, "maximum": OFFSET_MAX, "default": 0},
+                 "Items to skip.")
+_NODE_ID = _param("id", "path", NODE_ID_SCHEMA, "Node name, node or port GUID (0x...), or LID.", example="leaf-00")
+_STATES = {"type": "string", "enum": ["down", "init", "armed", "active"]}
 
 
 def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
@@ -412,6 +497,7 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
     ev_defs = ev.pop("$defs", {})
     schemas.update(_retarget(ev_defs))
     schemas["Event"] = _retarget(ev)
+    schemas["NetFile"] = NETFILE_SCHEMA
     schemas["EventPage"]["properties"]["items"] = {"type": "array", "items": _ref("Event"),
                                                    "description": "Events, oldest first."}
     read = ["topology"]
@@ -439,7 +525,8 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "operationId": "listNodes",
                 "summary": "Nodes of the subnet",
                 "parameters": [
-                    _param("type", "query", {"type": "string", "enum": ["switch", "ca", "router"]}, "Node type."),
+                    _param("type", "query", {"type": "string", "enum": ["switch", "ca", "router"]},
+                           "Node type (case-insensitive)."),
                     _param("name", "query", {"type": "string"},
                            "Case-insensitive substring of the name or NodeDescription."),
                     _LIMIT,
@@ -463,9 +550,9 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "operationId": "listPorts",
                 "summary": "Ports (PortInfo and, with a performance manager, counters)",
                 "parameters": [
-                    _param("node", "query", {"type": "string"}, "Only this node's ports (name, GUID or LID)."),
-                    _param("state", "query", {"type": "string", "enum": ["down", "init", "armed", "active"]},
-                           "PortState."),
+                    _param("node", "query", NODE_ID_SCHEMA, "Only this node's ports (name, GUID or LID).",
+                           example="leaf-00"),
+                    _param("state", "query", _STATES, "PortState (case-insensitive)."),
                     _LIMIT,
                     _OFFSET,
                 ],
@@ -478,9 +565,9 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "operationId": "listLinks",
                 "summary": "Cables between two ports",
                 "parameters": [
-                    _param("node", "query", {"type": "string"}, "Only links of this node (name, GUID or LID)."),
-                    _param("state", "query", {"type": "string", "enum": ["down", "init", "armed", "active"]},
-                           "The lower PortState of the two ends."),
+                    _param("node", "query", NODE_ID_SCHEMA, "Only links of this node (name, GUID or LID).",
+                           example="spine-00"),
+                    _param("state", "query", _STATES, "The lower PortState of the two ends (case-insensitive)."),
                     _LIMIT,
                     _OFFSET,
                 ],
@@ -493,9 +580,9 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "operationId": "getRoute",
                 "summary": "Hops from one endpoint to another through the LFTs (ibtracert) and the PathRecord",
                 "parameters": [
-                    _param("src", "query", {"type": "string", "minLength": 1},
-                           "Source: node name, node or port GUID (0x...), or LID.", True),
-                    _param("dst", "query", {"type": "string", "minLength": 1}, "Destination, as src.", True),
+                    _param("src", "query", NODE_ID_SCHEMA, "Source: node name, node or port GUID (0x...), or LID.",
+                           True, "host-00000"),
+                    _param("dst", "query", NODE_ID_SCHEMA, "Destination, as src.", True, "host-00031"),
                 ],
                 "responses": {"200": _json("RouteInfo", "The route"), **_errors(400, 404, 503)},
             }
@@ -506,9 +593,9 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "operationId": "getLft",
                 "summary": "A switch's linear forwarding table",
                 "parameters": [
-                    _param("id", "path", {"type": "string", "minLength": 1}, "Switch name, GUID (0x...) or LID."),
+                    _param("id", "path", NODE_ID_SCHEMA, "Switch name, GUID (0x...) or LID.", example="leaf-00"),
                     _param("format", "query", {"type": "string", "enum": ["json", "ibroute"], "default": "json"},
-                           "`ibroute`: text as `ibroute <lid>` prints it."),
+                           "`ibroute`: text as `ibroute <lid>` prints it (case-insensitive)."),
                 ],
                 "responses": {
                     "200": {
@@ -535,8 +622,8 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "summary": "The same checks, cabling against a posted net file (ibsim or ibnetdiscover format)",
                 "requestBody": {
                     "required": True,
-                    "content": {"text/plain": {"schema": {"type": "string"}},
-                                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                    "content": {"text/plain": {"schema": _ref("NetFile")},
+                                "application/octet-stream": {"schema": _ref("NetFile")}},
                 },
                 "responses": {"200": _json("Validation", "Check results"), **_errors(400, 413, 415, 429, 503)},
             },
@@ -547,14 +634,14 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "operationId": "getCongestion",
                 "summary": "Predicted congestion of a traffic pattern on the current routes",
                 "parameters": [
-                    _param("pattern", "query", {"type": "string", "default": "shift:1"},
+                    _param("pattern", "query", {**PATTERN_SCHEMA, "default": "shift:1"},
                            "shift:S, random-permutation[:SEED], random-bisection[:SEED], all-to-all, "
                            "incast:N[:DST], ring, ring-per-rail; each optionally @LOAD (fraction of the link "
                            "rate offered instead of greedy)."),
                     _param("top", "query", {"type": "integer", "minimum": 0, "maximum": 1000, "default": 10},
                            "Most loaded links listed."),
                 ],
-                "responses": {"200": _json("Congestion", "The prediction"), **_errors(400, 503)},
+                "responses": {"200": _json("Congestion", "The prediction"), **_errors(400, 409, 503)},
             }
         },
         f"{API_PREFIX}/whatif": {
@@ -564,7 +651,8 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "summary": "Route quality and congestion with cables or switches failed, without touching the fabric",
                 "requestBody": {"required": True,
                                 "content": {"application/json": {"schema": _ref("WhatIfRequest")}}},
-                "responses": {"200": _json("WhatIf", "Before and after"), **_errors(400, 404, 413, 415, 429, 503)},
+                "responses": {"200": _json("WhatIf", "Before and after"),
+                              **_errors(400, 404, 409, 413, 415, 429, 503)},
             }
         },
         f"{API_PREFIX}/sweep": {

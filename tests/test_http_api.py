@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
+import math
+import re
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +21,27 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from exporters.http_api import ApiConfig, create_app
-from exporters.openapi import MODEL_FOR, ErrorBody, build_openapi
+from exporters.http_api import (
+    SERVER_LOG,
+    ApiConfig,
+    ApiError,
+    SnapshotView,
+    _build_pattern,
+    _check_spec,
+    _link_spec,
+    create_app,
+)
+from exporters.openapi import (
+    LINK_PATTERN,
+    MODEL_FOR,
+    NETFILE_SCHEMA,
+    NODE_ID_MAX,
+    NODE_ID_PATTERN,
+    OFFSET_MAX,
+    PATTERN_SPEC_PATTERN,
+    ErrorBody,
+    build_openapi,
+)
 from fabric.emulator import EmulatedFabric
 from fabric.formats.netfile import format_net
 from fabric.generate import fattree, ring
@@ -218,6 +241,9 @@ async def test_nodes_filters_and_paging(client: TestClient, snap: SubnetSnapshot
         ("limit=5&limit=6", "limit"),
         ("limit=%C2%B2", "limit"),
         ("limit=--5", "limit"),
+        ("offset=1234567890123456", "offset"),
+        ("offset=" + "9" * 5000, "offset"),
+        ("limit=-" + "9" * 30, "limit"),
     ],
 )
 async def test_nodes_bad_parameters(client: TestClient, query: str, parameter: str) -> None:
@@ -535,12 +561,17 @@ async def test_congestion(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize(
-    ("query", "parameter"),
-    [("pattern=shift:0", "pattern"), ("pattern=bogus", "pattern"), ("pattern=", "pattern"),
-     ("pattern=incast:99", "pattern"), ("top=-1", "top"), ("top=x", "top")],
+    ("query", "status", "parameter"),
+    [("pattern=shift:0", 400, "pattern"), ("pattern=bogus", 400, "pattern"), ("pattern=", 400, "pattern"),
+     ("pattern=%EF%BD%93hift:1", 400, "pattern"), ("pattern=shift:99999999999999999999", 400, "pattern"),
+     ("pattern=shift:1@0", 400, "pattern"), ("top=-1", 400, "top"), ("top=x", 400, "top"),
+     # of the documented form, but not on 32 hosts
+     ("pattern=incast:99", 409, "pattern"), ("pattern=shift:32", 409, "pattern"),
+     ("pattern=incast:3:32", 409, "pattern")],
 )
-async def test_congestion_bad_parameters(client: TestClient, query: str, parameter: str) -> None:
-    await _error(await client.get(f"/api/v1/congestion?{query}"), 400, parameter)
+async def test_congestion_bad_parameters(client: TestClient, query: str, status: int, parameter: str) -> None:
+    body = await _error(await client.get(f"/api/v1/congestion?{query}"), status, parameter)
+    assert body["error"] == ("not_applicable" if status == 409 else "bad_parameter")
 
 
 async def test_whatif_spine_and_links(client: TestClient, snap: SubnetSnapshot) -> None:
@@ -574,17 +605,24 @@ async def test_whatif_cuts_off_a_host(client: TestClient) -> None:
     ("payload", "status", "parameter"),
     [
         ({}, 400, "links"),
+        ({"links": []}, 400, "links"),
+        ({"links": [], "switches": []}, 400, "links"),
         ({"links": ["leaf-00"]}, 400, "links[0]"),
-        ({"links": ["leaf-00[99]"]}, 400, "links[0]"),
+        ({"links": ["leaf-00[99]"]}, 404, "links[0]"),
         ({"links": ["leaf-00[\u00b2]"]}, 400, "links[0]"),
+        ({"links": ["[5]"]}, 400, "links[0]"),
+        ({"links": ["0xzz[5]"]}, 400, "links[0]"),
         ({"links": ["nobody[1]"]}, 404, "links[0]"),
-        ({"links": ["leaf-00[5]", "spine-00[1]"]}, 400, "links[1]"),
         ({"links": [{"node": "leaf-00"}]}, 400, "links[0].port"),
         ({"links": [{"node": "leaf-00", "port": 0}]}, 400, "links[0].port"),
+        ({"links": [{"node": " ", "port": 1}]}, 400, "links[0]"),
         ({"links": [7]}, 400, "links[0]"),
-        ({"switches": ["host-00001"]}, 400, "switches[0]"),
-        ({"switches": ["spine-00", "spine-00"]}, 400, "switches[1]"),
+        ({"switches": [""]}, 400, "switches[0]"),
+        ({"switches": ["0x"]}, 400, "switches[0]"),
+        ({"switches": ["host-00001"]}, 404, "switches[0]"),
         ({"switches": ["spine-00"], "pattern": "nope"}, 400, "pattern"),
+        ({"switches": ["spine-00"], "pattern": "\uff53hift:1"}, 400, "pattern"),
+        ({"switches": ["spine-00"], "pattern": "incast:99"}, 409, "pattern"),
         ({"switches": ["spine-00"], "max_shifts": 0}, 400, "max_shifts"),
         ({"switches": "spine-00"}, 400, "switches"),
         ({"switches": ["spine-00"], "extra": 1}, 400, "extra"),
@@ -600,6 +638,33 @@ async def test_whatif_not_json(client: TestClient) -> None:
     await _error(await client.post("/api/v1/whatif", data=b"{nope", headers={"Content-Type": "application/json"}),
                  400, "body")
     await _error(await client.post("/api/v1/whatif", data=b"x", headers={"Content-Type": "text/plain"}), 415, "body")
+
+
+async def test_whatif_fails_a_cable_or_switch_named_twice_once(client: TestClient, snap: SubnetSnapshot) -> None:
+    f = snap.fabric
+    spine = f.by_name("spine-00")
+    guid, lid = f"0x{int(f.node_guid[spine]):016x}", str(int(snap.lids.base[spine, 0]))
+    req = {"links": ["leaf-01[6]", "spine-01[2]", {"node": "leaf-01", "port": 6}],  # one cable, three times
+           "switches": ["spine-00", guid, lid, "spine-00"], "max_shifts": 2}
+    resp = await client.post("/api/v1/whatif", json=req)
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    _valid(("post", "/whatif"), body)
+    assert body["failed_links"] == ["leaf-01[6] - spine-01[2]"] and body["failed_switches"] == ["spine-00"]
+    # a documented body: empty links beside named switches
+    resp = await client.post("/api/v1/whatif", json={"links": [], "switches": ["spine-00"], "max_shifts": 2})
+    assert resp.status == 200, await resp.text()
+
+
+async def test_whatif_cable_that_is_not_there_is_404(snap: SubnetSnapshot) -> None:
+    f = snap.fabric.copy()
+    f.disconnect(f.by_name("leaf-00"), 5)
+    c = await _client(create_app(Recorder(dataclasses.replace(snap, fabric=f))))
+    try:
+        body = await _error(await c.post("/api/v1/whatif", json={"links": ["leaf-00[5]"]}), 404, "links[0]")
+        assert "leaf-00[5] has no cable" in body["detail"]
+    finally:
+        await c.close()
 
 
 def test_whatif_reports_an_unroutable_fabric() -> None:
@@ -635,6 +700,59 @@ async def test_sweep_needs_the_token(client: TestClient, source: Recorder) -> No
     await _error(await client.post("/api/v1/sweep", headers=auth, json={"heavy": "yes"}), 400, "heavy")
     await _error(await client.post("/api/v1/sweep", headers=auth, json={"hevy": True}), 400, "hevy")
     await _error(await client.post("/api/v1/sweep", headers=auth, json=[]), 400, "body")
+    # no body is {}; a blank one is not JSON
+    resp = await client.post("/api/v1/sweep", headers={**auth, "Content-Type": "application/json"}, data=b"")
+    assert resp.status == 202
+    await _error(await client.post("/api/v1/sweep", headers={**auth, "Content-Type": "application/json"},
+                                   data=b"\n"), 400, "body")
+
+
+async def _raw(port: int, data: bytes) -> tuple[int, bytes, bytes]:
+    """Send bytes as they are to 127.0.0.1:port and read until the server closes: (status, head, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), head, body
+
+
+def _no_traceback(records: list[logging.LogRecord]) -> None:
+    for r in records:
+        assert r.exc_info is None and r.exc_text is None, (r.name, r.getMessage())
+        assert "Traceback" not in r.getMessage() and "\n" not in r.getMessage(), (r.name, r.getMessage())
+
+
+def _sweep_request(token: bytes) -> bytes:
+    return (b"POST /api/v1/sweep HTTP/1.1\r\nHost: ibfm\r\nAuthorization: Bearer " + token
+            + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+async def test_sweep_token_compared_as_bytes(source: Recorder, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    server = TestServer(create_app(source, ApiConfig(token="jeton-\u00e9t\u00e9")))
+    await server.start_server()
+    try:
+        status, head, body = await _raw(server.port, _sweep_request(b"\xff\xfe"))  # not UTF-8
+        assert status == 401, body
+        assert b'error="invalid_token"' in head
+        err = ErrorBody.model_validate_json(body)
+        assert err.parameter == "Authorization" and "UTF-8" in err.detail
+        status, _, body = await _raw(server.port, _sweep_request(b"jeton-\xe9t\xe9"))  # the token in Latin-1
+        assert status == 401, body
+        status, _, body = await _raw(server.port, _sweep_request("jeton-\u00e9t\u00e9x".encode()))
+        assert status == 403, body
+        assert source.requests == []
+        status, _, body = await _raw(server.port, _sweep_request("jeton-\u00e9t\u00e9".encode()))
+        assert status == 202, body
+        assert source.requests == [("api", False)]
+        _no_traceback(caplog.records)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        await server.close()
 
 
 async def test_sweep_refused_without_a_configured_token(source: Recorder) -> None:
@@ -731,6 +849,246 @@ async def test_unexpected_exception_is_a_json_500(source: Recorder, monkeypatch:
         assert body["error"] == "internal" and "bug" not in body["detail"]
     finally:
         await c.close()
+
+
+# -- requests aiohttp refuses: a 400, and at most one short log line ---------------------------------------------
+
+_OVERSIZED = {
+    "request line": b"GET /api/v1/nodes?name=" + b"a" * 9000 + b" HTTP/1.1\r\nHost: ibfm\r\n\r\n",
+    "header": b"GET /api/v1/health HTTP/1.1\r\nHost: ibfm\r\nX-Filler: " + b"a" * 9000 + b"\r\n\r\n",
+}
+_MALFORMED = {
+    "chunk size": b"POST /api/v1/whatif HTTP/1.1\r\nHost: ibfm\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "8-bit path": b"GET /api/v1/nodes/\xff HTTP/1.1\r\nHost: ibfm\r\n\r\n",
+}
+
+
+async def test_oversized_and_malformed_requests_log_one_line(source: Recorder,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    runner = web.AppRunner(create_app(source, ApiConfig(token=TOKEN)), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        for what, data in {**_OVERSIZED, **_MALFORMED}.items():
+            caplog.clear()
+            status, _, body = await _raw(port, data)
+            assert status == 400, (what, body)
+            _no_traceback(caplog.records)
+            lines = [r for r in caplog.records if r.name == "aiohttp.server"]
+            assert len(lines) == 1 and lines[0].levelno == logging.INFO, (what, [r.getMessage() for r in lines])
+            assert len(lines[0].getMessage()) < 300, what
+            if what in _OVERSIZED:
+                assert "8190 bytes" in lines[0].getMessage()
+        # a body that does not decode: the API's JSON 400, still no traceback
+        caplog.clear()
+        status, _, body = await _raw(port, b"POST /api/v1/whatif HTTP/1.1\r\nHost: ibfm\r\nContent-Type: "
+                                     b"application/json\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n"
+                                     b"Connection: close\r\n\r\nabcde")
+        assert status == 400
+        err = ErrorBody.model_validate_json(body)
+        assert err.error == "bad_body" and "content-encoding" in err.detail.lower()
+        _no_traceback(caplog.records)
+        assert len([r for r in caplog.records if r.name == "aiohttp.server"]) <= 1
+        # the server still answers
+        status, _, body = await _raw(port, b"GET /api/v1/health HTTP/1.1\r\nHost: ibfm\r\nConnection: close\r\n\r\n")
+        assert status == 200
+    finally:
+        await runner.cleanup()
+
+
+def test_server_log_passes_other_errors_through(caplog: pytest.LogCaptureFixture) -> None:
+    from aiohttp.http_exceptions import LineTooLong
+
+    caplog.set_level(logging.DEBUG)
+    try:
+        raise RuntimeError("a bug in a handler")
+    except RuntimeError as e:
+        SERVER_LOG.exception("Error handling request from %s", "127.0.0.1", exc_info=e)
+    SERVER_LOG.exception("Error handling request from %s", "127.0.0.1", exc_info=LineTooLong("x" * 9000, "8190"))
+    bug, refused = caplog.records
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None and bug.name == "aiohttp.server"
+    assert refused.levelno == logging.INFO and refused.exc_info is None
+    assert refused.getMessage().startswith("Error handling request from 127.0.0.1: Got more than 8190 bytes")
+    assert len(refused.getMessage()) < 300
+
+
+# -- the OpenAPI document says exactly what the server takes -------------------------------------------------------
+
+_PARAM_KEYWORDS = {"type", "enum", "minimum", "maximum", "default", "minLength", "maxLength", "pattern"}
+
+
+def _conforms(schema: dict[str, Any], value: str) -> bool:
+    """Whether a query or path value meets its parameter schema (every keyword the document uses for them)."""
+    assert set(schema) <= _PARAM_KEYWORDS, set(schema) - _PARAM_KEYWORDS
+    if "enum" in schema:
+        return value in [str(x) for x in schema["enum"]]
+    if schema["type"] == "integer":
+        return re.fullmatch(r"-?[0-9]+", value) is not None and (
+            schema.get("minimum", -math.inf) <= Decimal(value) <= schema.get("maximum", math.inf))
+    return (schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", math.inf)
+            and re.search(schema.get("pattern", ""), value) is not None)
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "status"),
+    [
+        ("/api/v1/nodes", {"offset": "1234567890123456"}, 400),
+        ("/api/v1/nodes", {"offset": str(1 << 31)}, 200),
+        ("/api/v1/nodes", {"offset": "0" * 30 + "7"}, 200),
+        ("/api/v1/nodes", {"limit": "9" * 5000}, 400),
+        ("/api/v1/ports", {"node": ""}, 400),
+        ("/api/v1/ports", {"node": " \u3000\x1c"}, 400),
+        ("/api/v1/ports", {"node": "\ufeff"}, 404),  # not whitespace to Python: a name
+        ("/api/v1/links", {"node": "0x"}, 400),
+        ("/api/v1/links", {"node": "0x1__2"}, 400),
+        ("/api/v1/links", {"node": "0x_2c9"}, 404),
+        ("/api/v1/links", {"node": "0 x"}, 404),
+        ("/api/v1/links", {"node": "x" * 257}, 400),
+        ("/api/v1/routes", {"src": "bad GUID", "dst": "host-00001"}, 404),
+        ("/api/v1/routes", {"src": "empty", "dst": "host-00001"}, 404),
+        ("/api/v1/routes", {"src": "host-00000", "dst": "\t"}, 400),
+        ("/api/v1/nodes/{id}", {"id": "\u00a0"}, 400),
+        ("/api/v1/nodes/{id}", {"id": "0Xg"}, 400),
+        ("/api/v1/nodes/{id}", {"id": "\u0663"}, 404),
+        ("/api/v1/switches/{id}/lft", {"id": "0x0"}, 404),
+        ("/api/v1/congestion", {"pattern": "\uff53hift:1"}, 400),
+        ("/api/v1/congestion", {"pattern": "shift:2"}, 200),
+        ("/api/v1/congestion", {"pattern": "random-bisection:3@.5"}, 200),
+        ("/api/v1/congestion", {"pattern": "random-permutation:007"}, 400),
+        ("/api/v1/congestion", {"pattern": "incast:99"}, 409),
+        ("/api/v1/congestion", {"pattern": "shift:32"}, 409),
+        ("/api/v1/congestion", {"pattern": "shift:99999999999999999999"}, 400),
+        ("/api/v1/congestion", {"pattern": "x" * 201}, 400),
+        ("/api/v1/events", {"limit": "1000"}, 200),
+        ("/api/v1/events", {"limit": "1001"}, 400),
+    ],
+)
+async def test_document_and_server_agree(client: TestClient, path: str, params: dict[str, str], status: int) -> None:
+    op = build_openapi()["paths"][path]["get"]
+    schemas = {p["name"]: p["schema"] for p in op.get("parameters", [])}
+    documented = all(_conforms(schemas[k], v) for k, v in params.items())
+    assert documented == (status != 400), (params, documented)
+    url = path
+    query = dict(params)
+    if "{id}" in path:
+        url = path.replace("{id}", urllib.parse.quote(query.pop("id"), safe=""))
+    resp = await client.get(url, params=query)
+    assert resp.status == status, await resp.text()
+    if status == 400:
+        assert (await resp.json())["parameter"] in params
+
+
+@pytest.mark.parametrize(
+    ("query", "detail"),
+    [
+        ("offset=1234567890123456", "offset: 1234567890123456 is too large (must be <= 2147483648)"),
+        ("offset=" + "9" * 5000, "offset: 999999999999...(5000 digits) is too large (must be <= 2147483648)"),
+        ("limit=0", "limit: 0 is too small (must be >= 1)"),
+        ("limit=-" + "0" * 40 + "5", "limit: -00000000000...(1 digits) is too small (must be >= 1)"),
+    ],
+)
+async def test_integer_out_of_range_says_the_bound(client: TestClient, query: str, detail: str) -> None:
+    body = await _error(await client.get(f"/api/v1/nodes?{query}"), 400)
+    assert body["detail"] == detail
+
+
+def test_document_limits() -> None:
+    doc = build_openapi()
+    params = {(p, q["name"]): q["schema"] for p, ops in doc["paths"].items() for op in ops.values()
+              for q in op.get("parameters", [])}
+    assert params["/api/v1/nodes", "offset"]["maximum"] == OFFSET_MAX
+    for key in (("/api/v1/ports", "node"), ("/api/v1/links", "node"), ("/api/v1/routes", "src"),
+                ("/api/v1/routes", "dst"), ("/api/v1/nodes/{id}", "id"), ("/api/v1/switches/{id}/lft", "id")):
+        assert params[key]["pattern"] == NODE_ID_PATTERN and params[key]["maxLength"] == NODE_ID_MAX, key
+    assert params["/api/v1/congestion", "pattern"]["pattern"] == PATTERN_SPEC_PATTERN
+    schemas = doc["components"]["schemas"]
+    whatif = schemas["WhatIfRequest"]
+    assert {"required": ["links"], "properties": {"links": {"minItems": 1}}} in whatif["anyOf"]
+    assert whatif["properties"]["pattern"]["pattern"] == PATTERN_SPEC_PATTERN
+    assert whatif["properties"]["switches"]["items"]["pattern"] == NODE_ID_PATTERN
+    assert whatif["properties"]["links"]["items"]["anyOf"][0]["pattern"] == LINK_PATTERN
+    assert schemas["LinkSpec"]["properties"]["node"]["pattern"] == NODE_ID_PATTERN
+    body = doc["paths"]["/api/v1/validation"]["post"]["requestBody"]["content"]
+    assert {c["schema"]["$ref"] for c in body.values()} == {"#/components/schemas/NetFile"}
+
+
+async def test_documented_net_file_example_is_taken(client: TestClient) -> None:
+    for ctype in ("text/plain", "application/octet-stream"):
+        for text in NETFILE_SCHEMA["examples"]:
+            resp = await client.post("/api/v1/validation", data=text.encode(), headers={"Content-Type": ctype})
+            assert resp.status == 200, await resp.text()
+    # blank to the pattern is blank to the server
+    await _error(await client.post("/api/v1/validation", data=b" \t\r\n\x0b\x0c",
+                                   headers={"Content-Type": "text/plain"}), 400, "body")
+    assert re.search(NETFILE_SCHEMA["pattern"], " \t\r\n\x0b\x0c") is None
+
+
+@pytest.fixture(scope="module")
+def view(snap: SubnetSnapshot) -> SnapshotView:
+    return SnapshotView(snap)
+
+
+def _status(fn: Any, *args: Any) -> int:
+    try:
+        fn(*args)
+    except ApiError as e:
+        return e.status
+    return 200
+
+
+_ID_TEXT = st.lists(st.sampled_from([*"0xX_aF9g- [].1", "\t", "\n", "\u3000", "\x1c", "\x85", "\ufeff", "\u00b2",
+                                     "\u0663", "\u00e9", "leaf-00", "spine-01", "host-00003"]),
+                    max_size=8).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(_ID_TEXT, st.from_regex(NODE_ID_PATTERN, fullmatch=True).filter(lambda t: len(t) <= 256)))
+def test_node_id_pattern_is_what_the_server_takes(view: SnapshotView, text: str) -> None:
+    documented = re.search(NODE_ID_PATTERN, text) is not None
+    event(f"documented: {documented}")
+    for lookup in (view.node, view.endpoint):
+        status = _status(lookup, text, "id")
+        if documented:
+            assert status != 400, (lookup.__name__, text)
+        elif text.isascii() or not text.strip().lower().startswith("0x"):  # int(, 16) takes any Unicode digit
+            assert status == 400, (lookup.__name__, text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(
+    st.tuples(_ID_TEXT, st.sampled_from(["[1]", "[5]", "[8]", "[9]", "[254]", "[0]", "[07]", "[", "]", ""]))
+    .map("".join),
+    st.from_regex(LINK_PATTERN, fullmatch=True).filter(lambda t: len(t) <= NODE_ID_MAX + 3),
+))
+def test_link_pattern_is_taken(view: SnapshotView, text: str) -> None:
+    documented = re.search(LINK_PATTERN, text) is not None
+    event(f"documented: {documented}")
+    status = _status(_link_spec, view, text, "links[0]")
+    if documented:
+        assert status != 400, text
+
+
+_SPEC_TEXT = st.lists(st.sampled_from(["shift", "incast", "random-bisection", "all-to-all", "ring", "-per-rail", ":",
+                                       "@", "0", "1", "7", "32", ".", "5", " ", "SHIFT", "x", "\uff53"]),
+                      max_size=6).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=st.one_of(_SPEC_TEXT, st.from_regex(PATTERN_SPEC_PATTERN, fullmatch=True).filter(lambda t: len(t) <= 200)))
+def test_pattern_spec_pattern_is_what_the_server_takes(view: SnapshotView, spec: str) -> None:
+    documented = re.search(PATTERN_SPEC_PATTERN, spec) is not None and len(spec) <= 200
+    status = _status(lambda: _build_pattern(view.fabric, view.lids, _check_spec(spec, "pattern"), "pattern"))
+    event(f"documented: {documented}, {status}")
+    if documented:
+        assert status in (200, 409), spec
+    elif status == 409:  # the server strips blanks first; any other undocumented spec that fails is a 400
+        assert re.fullmatch(PATTERN_SPEC_PATTERN, spec.strip()), spec
+    else:
+        assert status in (200, 400), spec
 
 
 # -- property-based: every operation of the OpenAPI document, random inputs, never a 5xx -------------------------
