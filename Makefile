@@ -36,10 +36,12 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy fabric sm exporters ibfm
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy fabric sm exporters ibfm
 
 fixtures: $(STAMP) system-deps
 	$(PY) scripts/capture_fixtures.py

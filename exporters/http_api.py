@@ -481,9 +481,9 @@ class Runtime:
     openapi: bytes = b""
 
 
-MANAGER = web.AppKey("manager", SubnetSource)  # type: ignore[type-abstract]
+MANAGER = web.AppKey("manager", SubnetSource)
 CONFIG = web.AppKey("api_config", ApiConfig)
-PERFMGR = web.AppKey("perfmgr", object)
+PERFMGR: web.AppKey[CounterSource | None] = web.AppKey("perfmgr")
 """The PerfManager, or None."""
 RUNTIME = web.AppKey("runtime", Runtime)
 
@@ -827,7 +827,7 @@ async def get_node(request: web.Request) -> web.Response:
     n = v.node(request.match_info["id"], "id")
     f = v.fabric
     perf = request.app[PERFMGR]
-    ports = [v.port(n, p, perf) for p in np.flatnonzero(f.port_exists[n]).tolist()]  # type: ignore[arg-type]
+    ports = [v.port(n, p, perf) for p in np.flatnonzero(f.port_exists[n]).tolist()]
     return _json({**v.nodes()[n], "ports": ports})
 
 
@@ -845,7 +845,7 @@ async def list_ports(request: web.Request) -> web.Response:
         ports = ports[v.fabric.state[ports[:, 0], ports[:, 1]] == _STATE_CODE[state]]
     perf = request.app[PERFMGR]
     page = ports[offset : offset + limit].tolist()
-    items = [v.port(a, b, perf) for a, b in page]  # type: ignore[arg-type]
+    items = [v.port(a, b, perf) for a, b in page]
     return _json({"total": int(ports.shape[0]), "offset": offset, "limit": limit, "items": items})
 
 

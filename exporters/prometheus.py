@@ -233,7 +233,9 @@ class _Rows:
     the label set and the value.
     """
 
-    def __init__(self, names: tuple[str, ...], values: list[tuple[str, ...]], blocks: npt.NDArray[np.object_]) -> None:
+    def __init__(
+        self, names: tuple[str, ...], values: Sequence[tuple[str, ...]], blocks: npt.NDArray[np.object_]
+    ) -> None:
         self.names = names
         self.values = values
         self.blocks = blocks
@@ -512,7 +514,7 @@ def _text_vector(v: _Vector) -> list[Chunk]:
     out[:, k : k + w] = lab
     out[:, k + w : k + w + d] = val
     out[:, -1] = 10
-    return [head, memoryview(out.reshape(-1))]
+    return [head, out.reshape(-1).data]
 
 
 def _metric_object(fam: _Family | _Vector) -> Metric:

@@ -227,6 +227,8 @@ def fattree(
     """
     _check_radix(radix)
     k, half = radix, radix // 2
+    m: tuple[int, ...]  # XGFT(h; m; w): down and up ports per level, bottom first
+    w: tuple[int, ...]
     if oversubscribe is not None:
         if levels != 2:
             raise GenerateError(f"oversubscribe: only for a 2-level leaf/spine tree (levels={levels})")

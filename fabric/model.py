@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
+from typing import NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -561,16 +562,8 @@ class Fabric:
         if ok:
             keys = np.sort(ends[:, 0] * (self.max_port + 1) + ends[:, 1])  # (np.unique imports numpy.ma)
             ok = bool((keys[1:] != keys[:-1]).all()) and bool((self.peer_node[ends[:, 0], ends[:, 1]] == NO_PEER).all())
-        if not ok:  # one at a time on a scratch copy, to name the first bad row; then give up
-            scratch = self.copy()
-            for n1, p1, n2, p2 in links.tolist():
-                for n in (n1, n2):
-                    if not 0 <= n < self.n_nodes:
-                        raise FabricError(f"no node {n} (the fabric has {self.n_nodes})")
-                if (n1, p1) == (n2, p2):
-                    raise FabricError(f"port {p1} of {self.names[n1]!r} linked to itself")
-                scratch.connect(n1, p1, n2, p2, state=state)
-            raise FabricError("links could not be connected")  # (not reached: connect raised)
+        if not ok:
+            self._raise_first_bad_link(links, state)
         n1, p1, n2, p2 = links.T
         self.peer_node[n1, p1], self.peer_port[n1, p1] = n2, p2
         self.peer_node[n2, p2], self.peer_port[n2, p2] = n1, p1
@@ -584,6 +577,18 @@ class Fabric:
             self.speed_active[n, p] = speed
             self.phys_state[n, p] = PhysState.LINKUP
             self.state[n, p] = state
+
+    def _raise_first_bad_link(self, links: npt.NDArray[np.int64], state: PortState) -> NoReturn:
+        """Connect the rows one at a time on a scratch copy, to name the first bad one; then give up."""
+        scratch = self.copy()
+        for n1, p1, n2, p2 in links.tolist():
+            for n in (n1, n2):
+                if not 0 <= n < self.n_nodes:
+                    raise FabricError(f"no node {n} (the fabric has {self.n_nodes})")
+            if (n1, p1) == (n2, p2):
+                raise FabricError(f"port {p1} of {self.names[n1]!r} linked to itself")
+            scratch.connect(n1, p1, n2, p2, state=state)
+        raise FabricError("links could not be connected")  # (not reached: connect raised)
 
     def link_up(self, n: int, p: int, *, state: PortState = PortState.INIT) -> None:
         """Train a cabled link: LinkUp, active width/speed = best common."""
@@ -686,8 +691,8 @@ class Fabric:
 
     def subset(self, keep: npt.NDArray[np.bool_] | list[int]) -> Fabric:
         """A new fabric holding only the kept nodes (links to removed ones vanish)."""
-        k = np.asarray(keep)
-        old = np.flatnonzero(k) if k.dtype == np.bool_ else np.unique(k.astype(np.int64))
+        kept = np.asarray(keep)
+        old = np.flatnonzero(kept) if kept.dtype == np.bool_ else np.unique(kept.astype(np.int64))
         remap = np.full(self.n_nodes, NO_PEER, np.int64)
         remap[old] = np.arange(old.size)
         f = Fabric(old.size, self.max_port)

@@ -75,9 +75,9 @@ class PredictedTraffic:
     def __init__(self, emu_fabric: Fabric) -> None:
         shape = emu_fabric.port_exists.shape
         self._guids = emu_fabric.node_guid
-        self._bytes = np.zeros(shape)
-        self._pkts = np.zeros(shape)
-        self._wait = np.zeros(shape)
+        self._bytes: npt.NDArray[np.float64] = np.zeros(shape)
+        self._pkts: npt.NDArray[np.float64] = np.zeros(shape)
+        self._wait: npt.NDArray[np.float64] = np.zeros(shape)
 
     def update(self, report: Any) -> None:
         f = report.fabric
@@ -176,6 +176,7 @@ class Service:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.emulator: EmulatedFabric | None = None
+        self.traffic: PredictedTraffic | None = None
         self.transport: WindowedTransport = self._open_transport()
         self.events = EventBus()
         self.manager = FabricManager(self.transport, sm_config(settings), self.events)
@@ -211,7 +212,6 @@ class Service:
 
     def _open_transport(self) -> WindowedTransport:
         fs = self.settings.fabric
-        self.traffic = None
         if fs.transport == "umad":
             from sm.transport.umad import UmadTransport
 
@@ -219,7 +219,7 @@ class Service:
         from sm.transport.emulated import EmulatedTransport
 
         fabric = build_fabric(self.settings)
-        self.traffic: PredictedTraffic | None = PredictedTraffic(fabric)
+        self.traffic = PredictedTraffic(fabric)
         self.emulator = EmulatedFabric(fabric, traffic=self.traffic)
         return EmulatedTransport(self.emulator)
 

@@ -349,13 +349,13 @@ class Settings(BaseSettings):
         f"127.0.0.1:{DEFAULT_PORT}",
         description="HTTP address, `HOST:PORT` (`[::1]:9690` for IPv6; port 0 picks a free port).",
     )
-    fabric: FabricSettings = Field(default_factory=FabricSettings)  # type: ignore[arg-type]
-    sm: SmSettings = Field(default_factory=SmSettings)  # type: ignore[arg-type]
-    perfmgr: PerfMgrSettings = Field(default_factory=PerfMgrSettings)  # type: ignore[arg-type]
-    congestion: CongestionSettings = Field(default_factory=CongestionSettings)  # type: ignore[arg-type]
-    api: ApiSettings = Field(default_factory=ApiSettings)  # type: ignore[arg-type]
-    mqtt: MqttSettings = Field(default_factory=MqttSettings)  # type: ignore[arg-type]
-    log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
+    fabric: FabricSettings = Field(default_factory=FabricSettings)
+    sm: SmSettings = Field(default_factory=SmSettings)
+    perfmgr: PerfMgrSettings = Field(default_factory=PerfMgrSettings)
+    congestion: CongestionSettings = Field(default_factory=CongestionSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
 
     _scalars_as_toml = field_validator("*", mode="before")(classmethod(_scalar_text_as_toml))
 

@@ -88,7 +88,7 @@ class PortInfoTable(MutableMapping[PortKey, dict[str, Any]]):
         self._dec[key] = (raw, d)
         return d
 
-    def get(self, key: PortKey, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: PortKey, default: Any = None) -> Any:
         return self[key] if key in self._raw else default
 
     def __setitem__(self, key: PortKey, value: dict[str, Any]) -> None:
@@ -263,10 +263,10 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
         nxt: list[tuple[Path, int | None, int | None, dict[str, Any] | None]] = []
         for path, _parent, _pport, _ni in frontier:
             # Expand a node once, from the path that found it first; CAs do not forward.
-            guid = by_path.get(path)
-            if guid is None or len(path) >= max_hops:
+            found = by_path.get(path)
+            if found is None or len(path) >= max_hops:
                 continue
-            rec = nodes[guid]
+            rec = nodes[found]
             if rec.type == NodeType.SWITCH:
                 ports = range(1, rec.nports + 1)
             elif path == ():
@@ -282,12 +282,12 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
 
     fabric, paths, sw_info = _build(nodes, links, errors)
     port_paths = {
-        (fabric.by_guid(r.guid), p): path for r in nodes.values() for p, path in r.port_paths.items()
+        (fabric.by_guid(nd.guid), p): path for nd in nodes.values() for p, path in nd.port_paths.items()
     }
     port_info = PortInfoTable()
-    for r in nodes.values():
-        n = fabric.by_guid(r.guid)
-        port_info.update_raw(((n, p), raw) for p, raw in r.port_raw.items())
+    for nd in nodes.values():
+        n = fabric.by_guid(nd.guid)
+        port_info.update_raw(((n, p), raw) for p, raw in nd.port_raw.items())
     sm_node = fabric.by_guid(sm_guid)
     return Discovery(
         fabric,
@@ -385,7 +385,7 @@ def apply_port_infos(f: Fabric, where: list[tuple[int, int]], rows: npt.NDArray[
         for pair in set(pairs.tolist()):
             at = pairs == pair
             arr[n[at], p[at]] = decode(pair >> 32, pair & 0xFFFFFFFF)
-    for name, arr in (
+    for name, field_arr in (
         ("PortState", f.state),
         ("PortPhysicalState", f.phys_state),
         ("LinkWidthActive", f.width_active),
@@ -394,7 +394,7 @@ def apply_port_infos(f: Fabric, where: list[tuple[int, int]], rows: npt.NDArray[
         ("LID", f.lid),
         ("LMC", f.lmc),
     ):
-        arr[n, p] = col(name)
+        field_arr[n, p] = col(name)
 
 
 def _speed_active_of(active: int, ext_active: int) -> int:

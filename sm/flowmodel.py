@@ -546,7 +546,10 @@ def predict_congestion(
     paths = trace_flows(fabric, lids, lft, pattern, lk)
     demand = np.asarray(pattern.demand, np.float64)
     mm = max_min_fair(pattern.n_flows, paths.flow, paths.link, paths.hop, lk.capacity, demand, paths.delivered)
-    load = np.bincount(paths.link, weights=mm.rate[paths.flow], minlength=lk.n_links)
+    # float64 at run time; numpy's stub says intp whatever the weights (fixed upstream: numpy#31911)
+    load: npt.NDArray[np.float64] = np.bincount(  # type: ignore[assignment]
+        paths.link, weights=mm.rate[paths.flow], minlength=lk.n_links
+    )
     flows_on = np.bincount(paths.link, minlength=lk.n_links)
     wait = _credit_wait(paths, mm, lk.capacity, demand, load)
     ref = np.where(paths.first_link >= 0, lk.capacity[np.maximum(paths.first_link, 0)], 0.0)

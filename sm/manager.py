@@ -493,8 +493,12 @@ class FabricManager:
         return snap
 
 
-def _kind(f: Fabric, n: int) -> Literal["switch", "ca", "router"]:
-    return {NodeType.SWITCH: "switch", NodeType.CA: "ca"}.get(NodeType(int(f.node_type[n])), "router")  # type: ignore[return-value]
+_NodeKind = Literal["switch", "ca", "router"]
+_KIND_OF: dict[NodeType, _NodeKind] = {NodeType.SWITCH: "switch", NodeType.CA: "ca"}
+
+
+def _kind(f: Fabric, n: int) -> _NodeKind:
+    return _KIND_OF.get(NodeType(int(f.node_type[n])), "router")
 
 
 def _ref(f: Fabric, n: int, p: int) -> PortRef:

@@ -286,7 +286,7 @@ class Offload:
         if pid is None:
             return
         with contextlib.suppress(AttributeError, OSError):
-            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))  # type: ignore[attr-defined]
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0))
 
@@ -339,7 +339,7 @@ def _background() -> None:
     """This process from now on: only on CPU that nothing else wants (SCHED_IDLE where Linux has it,
     else nice :data:`CHILD_NICE`)."""
     try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined]
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         with contextlib.suppress(OSError):
             os.nice(CHILD_NICE)

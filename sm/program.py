@@ -356,7 +356,7 @@ async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, re
         if isinstance(ans, Exception):
             rep.failures.append(f"{f.names[node]}: SwitchInfo Set failed: {ans}")
         elif (got := SWITCH_INFO.unpack(ans)).get("LinearFDBTop") != top:
-            rep.failures.append(f"{f.names[node]}: LinearFDBTop reads {got.get('LinearFDBTop')} after Set {top}")
+            rep.failures.append(f"{f.names[node]}: LinearFDBTop reads {got.get('LinearFDBTop')!r} after Set {top}")
         else:
             d.switch_info[node] = got
             rep.switchinfo_sets += 1

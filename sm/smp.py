@@ -479,12 +479,12 @@ class RowCodec:
         if values and (min(values) < 0 or max(values) > mask):
             self._layout.pack({name: next(x for x in values if x < 0 or x > mask)})  # raises, naming the field
         v = np.array(values, np.uint64)
-        which = np.asarray(which, np.intp)
-        word = self._words(rows[which], first, last)
+        at = np.asarray(which, np.intp)
+        word = self._words(rows[at], first, last)
         field_mask = np.uint64(mask << shift)
         word = word & ~field_mask | (v << np.uint64(shift)) & field_mask
         for j in range(last - 1, first - 1, -1):
-            rows[which, j] = (word & np.uint64(0xFF)).astype(np.uint8)
+            rows[at, j] = (word & np.uint64(0xFF)).astype(np.uint8)
             word = word >> np.uint64(8)
 
     def get(self, buf: bytes, name: str) -> int:

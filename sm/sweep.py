@@ -134,13 +134,14 @@ async def light_sweep(
         await read_switches(back)
     # Ports that came up: who is behind them?
     ups = [c for c in out.changes if c.up and f.node_type[c.node] == NodeType.SWITCH]
-    probes: list[SmpRequest] = []
+    behind: list[Path] = []  # DR path to the far end of each port that came up
     for c in ups:
         base = paths[c.node]
         assert base is not None
-        probes.append(((*base, c.port), Method.GET, SmpAttr.NODE_INFO, 0, b""))
+        behind.append((*base, c.port))
+    probes: list[SmpRequest] = [(route, Method.GET, SmpAttr.NODE_INFO, 0, b"") for route in behind]
     known: list[tuple[PortChange, Path, int]] = []
-    for c, (route, *_), ans in zip(ups, probes, await smp_batch(transport, probes), strict=True):
+    for c, route, ans in zip(ups, behind, await smp_batch(transport, probes), strict=True):
         if isinstance(ans, Exception):
             continue  # came up and went again, or not trained yet: the next sweep sees it
         ni = NODE_INFO.unpack(ans)

@@ -289,11 +289,11 @@ def compare_cabling(fabric: Fabric, expected: Fabric) -> CablingReport:
     rep.matched_cables = len(exp & live)
     missing, extra = exp - live, live - exp
     miss_at: dict[Key, Key] = {}
-    for x, y in missing:
-        miss_at[x], miss_at[y] = y, x
+    for e1, e2 in missing:
+        miss_at[e1], miss_at[e2] = e2, e1
     extra_at: dict[Key, Key] = {}
-    for x, y in extra:
-        extra_at[x], extra_at[y] = y, x
+    for e1, e2 in extra:
+        extra_at[e1], extra_at[e2] = e2, e1
 
     def end_of(k: Key) -> End:
         kind, n, p = k

@@ -14,6 +14,7 @@ failure drop out of it), from the same spec.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,8 +98,8 @@ def what_if(
     chain: tuple[str, ...],
     options: RoutingOptions,
     *,
-    links: tuple[tuple[int, int], ...] = (),
-    switches: tuple[int, ...] = (),
+    links: Sequence[tuple[int, int]] = (),
+    switches: Sequence[int] = (),
     pattern: str | None = None,
     max_shifts: int = 32,
 ) -> WhatIfReport:

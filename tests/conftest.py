@@ -1,4 +1,4 @@
-"""Shared test helpers: ibsim tests skip when the tools are missing, but fail under CI."""
+"""Shared test helpers: a test whose precondition is missing skips, but fails under CI."""
 
 from __future__ import annotations
 
@@ -7,20 +7,31 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
 from fabric.ibsim import missing_ibsim_tools
 
+_TRUE = frozenset({"true", "1", "yes"})
+
+
+def under_ci() -> bool:
+    """Whether the suite runs under CI: ``CI`` is ``true``, ``1`` or ``yes`` (any case); ``CI=false`` is not CI."""
+    return os.environ.get("CI", "").strip().lower() in _TRUE
+
+
+def missing_precondition(reason: str, ci_hint: str) -> NoReturn:
+    """Skip the test for ``reason``; under CI fail it instead, since CI provides every precondition."""
+    if under_ci():
+        pytest.fail(f"{reason} (CI is set: {ci_hint})")
+    pytest.skip(reason)
+
 
 def need(what: str, present: bool) -> None:
-    """Skip when ``what`` is missing, except under CI (``CI`` set), where that is a failure."""
-    if present:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{what} is not installed (CI is set: make test installs it)")
-    pytest.skip(f"{what} is not installed")
+    """Skip when ``what`` is missing, except under CI, where that is a failure."""
+    if not present:
+        missing_precondition(f"{what} is not installed", "make test installs it")
 
 
 def need_tool(name: str, *also: str) -> str:
@@ -49,16 +60,18 @@ def stop_process(proc: subprocess.Popen[Any], grace: float = 3.0) -> None:
             proc.wait()
 
 
+def need_all(missing: list[str]) -> None:
+    """Skip naming what ``missing`` lists (tools, files), unless it is empty; under CI that is a failure."""
+    if missing:
+        missing_precondition(f"missing: {', '.join(missing)}", "make test installs it")
+
+
 def need_ibsim(*tools: str) -> None:
     """Skip unless ibsim, libumad2sim and ``tools`` (default ibnetdiscover) are installed.
 
-    Under CI (the ``CI`` environment variable set) a missing tool fails the test instead.
+    Under CI (see :func:`under_ci`) a missing tool fails the test instead.
     """
-    missing = missing_ibsim_tools(*tools)
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"ibsim test under CI but missing: {', '.join(missing)}")
-        pytest.skip(f"missing: {', '.join(missing)}")
+    need_all(missing_ibsim_tools(*tools))
 
 
 @pytest.fixture

@@ -416,14 +416,12 @@ def _need_ibsim_tools() -> None:
     import os
 
     from fabric.ibsim import missing_ibsim_tools
+    from tests.conftest import need_all
 
     missing = missing_ibsim_tools("perfquery")
     if not os.path.exists(NET_2SW2PATH4HCA2PORT):
         missing.append(NET_2SW2PATH4HCA2PORT)
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"ibsim test under CI but missing: {', '.join(missing)}")
-        pytest.skip(f"missing: {', '.join(missing)}")
+    need_all(missing)
 
 
 def _perfquery(env: dict[str, str], cwd: str, *args: str) -> dict[str, int]:

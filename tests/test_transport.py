@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from fabric.emulator import EmulatedFabric
+from fabric.generate import fattree
 from fabric.mad import (
     NODE_INFO,
     PORT_COUNTERS,
@@ -20,7 +21,6 @@ from fabric.mad import (
     smp_dr,
     smp_lid,
 )
-from fabric.generate import fattree
 from fabric.model import PortState
 from sm.transport.base import MadTimeout, TransportError
 from sm.transport.emulated import EmulatedTransport

@@ -22,11 +22,22 @@ import operator
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from fabric.mad.errors import FieldValueError, MadError
 
 FieldValue = int | bytes
+
+
+def _as_index(value: FieldValue) -> int | None:
+    """``value`` as an exact integer (int, bool, numpy integer); None for bytes, floats, text and the like."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
 
 #: Column at which ``Layout.dump`` starts values, as libibmad's dumps do.
 DUMP_COLUMN = 33
@@ -287,12 +298,12 @@ class Layout:
 
     # --- error paths (kept out of the generated fast path) -----------------
 
-    def _short(self, buf: Any, offset: int) -> None:
+    def _short(self, buf: Any, offset: int) -> NoReturn:
         raise MadError(
             f"{self.name}: need {self.size} bytes at offset {offset}, buffer has {len(buf)} bytes"
         )
 
-    def _bad(self, name: str, value: Any) -> None:
+    def _bad(self, name: str, value: Any) -> NoReturn:
         f = self._by_name[name]
         if f.is_bytes:
             raise FieldValueError(
@@ -361,14 +372,13 @@ class Layout:
         if is_bytes:
             if isinstance(value, int) or len(value) != f.width // 8:
                 self._bad(name, value if not isinstance(value, int) else b"")
-            buf[offset + first : offset + last] = bytes(value)  # type: ignore[arg-type]
+            buf[offset + first : offset + last] = bytes(value)
             return
-        try:
-            x = operator.index(value)
-        except TypeError:
+        x = _as_index(value)
+        if x is None:
             raise FieldValueError(
                 f"{self.name}.{name}: needs an integer, got {type(value).__name__} {value!r}"
-            ) from None
+            )
         if x < 0 or x > mask:
             self._bad(name, x)
         old = int.from_bytes(buf[offset + first : offset + last], "big")

@@ -85,6 +85,8 @@ _CELLS = 1 << 22
 """Work-array size (cells) a block of rows or links is cut to."""
 
 IntArray = npt.NDArray[np.int64]
+I32Array = npt.NDArray[np.int32]
+"""Per-cell shift times and slots of the displaced-traffic colouring, kept in 32 bits."""
 
 
 @dataclass(frozen=True)
@@ -1043,7 +1045,7 @@ _LATE = 1 << 30
 
 
 def _color(
-    row: IntArray, start: IntArray, length: IntArray, allowed: npt.NDArray[np.uint64], pref: IntArray,
+    row: IntArray, start: I32Array, length: I32Array, allowed: npt.NDArray[np.uint64], pref: I32Array,
     avoid: npt.NDArray[np.uint64], w: int, period: int, arc: int,
 ) -> IntArray:  # fmt: skip
     """Up slots for displaced CA traffic, switch by switch: interval colouring over the shifts.
@@ -1083,7 +1085,7 @@ def _color(
     return color
 
 
-def _hold(busy: IntArray, code: IntArray, end: IntArray, w: int) -> None:
+def _hold(busy: I32Array, code: IntArray, end: npt.NDArray[np.integer], w: int) -> None:
     """Enter cells (``code`` = switch * ``w`` + slot) held until ``end`` in ``busy``, the latest ones first."""
     order = np.lexsort((-end, code))
     code = code[order]
@@ -1093,7 +1095,7 @@ def _hold(busy: IntArray, code: IntArray, end: IntArray, w: int) -> None:
 
 
 def _color_circle(
-    r_idx: IntArray, n_sw: int, start: IntArray, end: IntArray, allowed: npt.NDArray[np.uint64], pref: IntArray,
+    r_idx: IntArray, n_sw: int, start: I32Array, end: I32Array, allowed: npt.NDArray[np.uint64], pref: I32Array,
     avoid: npt.NDArray[np.uint64], w: int, period: int,
 ) -> IntArray:  # fmt: skip
     """:func:`_color` over whole circles: cells that wrap past ``period`` go first and hold their
@@ -1113,7 +1115,7 @@ def _color_circle(
     return color
 
 
-def _steps(group: IntArray, start: IntArray) -> tuple[IntArray, IntArray]:
+def _steps(group: IntArray, start: I32Array) -> tuple[IntArray, IntArray]:
     """Cells in the order :func:`_sweep` takes them: by rank within their group (in order of
     ``start``), then by group; and where each step's cells begin and end in that order."""
     e = group.size
@@ -1128,8 +1130,8 @@ def _steps(group: IntArray, start: IntArray) -> tuple[IntArray, IntArray]:
 
 
 def _sweep(
-    r_idx: IntArray, start: IntArray, end: IntArray, allowed: npt.NDArray[np.uint64], pref: IntArray,
-    avoid: npt.NDArray[np.uint64], w: int, busy: IntArray, reserved: IntArray,
+    r_idx: IntArray, start: I32Array, end: I32Array, allowed: npt.NDArray[np.uint64], pref: I32Array,
+    avoid: npt.NDArray[np.uint64], w: int, busy: I32Array, reserved: I32Array,
 ) -> IntArray:  # fmt: skip
     """The greedy of :func:`_color` over cells that do not wrap; ``busy`` (per switch and slot: when the
     cells holding it end) and ``reserved`` (held from) are updated in place."""

@@ -220,7 +220,7 @@ class UpDownEngine:
         if given.size == 0:
             raise RoutingError("updn: no root switches")
         # Switches no given root reaches are ranked from a root detected in their own component.
-        reached = (dist[:, given] < UNREACHABLE).any(axis=1)
+        reached: npt.NDArray[np.bool_] = np.any(dist[:, given] < UNREACHABLE, axis=1)
         if reached.all():
             return given
         extra = root_candidates(fabric, g, dist)[-1]

@@ -48,6 +48,7 @@ class EmulatedTransport(WindowedTransport):
 
     def _trap_ready(self) -> None:
         """The emulator queued a trap: move it to the trap queue on the loop's next turn."""
+        loop: asyncio.AbstractEventLoop | None
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

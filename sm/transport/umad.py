@@ -150,7 +150,12 @@ _USER_MAD_HDR = 20 + ctypes.sizeof(_MadAddr)  # struct ib_user_mad before data[]
 assert ctypes.sizeof(_MadAddr) == 44 and _USER_MAD_HDR == 64
 assert ctypes.sizeof(_UmadPort) == 112 and ctypes.sizeof(_UmadCa) == 208
 
-_MethodMask = ctypes.c_long * (16 // ctypes.sizeof(ctypes.c_long))
+
+class _MethodMask(ctypes.Array[ctypes.c_long]):
+    """The 128-bit method mask umad_register takes, as an array of C longs."""
+
+    _type_ = ctypes.c_long
+    _length_ = 16 // ctypes.sizeof(ctypes.c_long)
 
 
 def _be64(value: int) -> int:
@@ -328,7 +333,7 @@ def list_ports(lib: ctypes.CDLL | None = None) -> list[PortAttrs]:
         raise TransportError(f"umad_get_cas_names failed: {_err(n)}")
     out: list[PortAttrs] = []
     for i in range(n):
-        raw = bytes(names_buf[i * _CA_NAME_LEN : (i + 1) * _CA_NAME_LEN])
+        raw = names_buf.raw[i * _CA_NAME_LEN : (i + 1) * _CA_NAME_LEN]
         name = raw.split(b"\0", 1)[0]
         ca = _UmadCa()
         rc = lib.umad_get_ca(name, ctypes.byref(ca))
