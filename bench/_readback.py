@@ -4,7 +4,7 @@
 of every switch (by LID, or by directed route where the LID is not routed
 from the reading host) gives the LFTs, and ``iblinkinfo`` gives each port's
 logical state. Benchmarks and tests then judge the routes with
-:func:`sm.verify.verify_routes` on what the tools saw, never on what the SM
+:func:`sm.analysis.verify.verify_routes` on what the tools saw, never on what the SM
 says it did.
 """
 

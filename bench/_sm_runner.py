@@ -222,12 +222,12 @@ def _emit(obj: Line) -> None:
 
 def _trace_batches() -> None:
     """Log every SMP batch of sweeps and programming to stderr: size, failures, time (diagnostics)."""
-    import sm.discover
-    import sm.program
-    import sm.smp
-    import sm.sweep
+    import sm.sweep.discover
+    import sm.sweep.light
+    import sm.sweep.program
+    import sm.transport.smp
 
-    inner = sm.smp.smp_batch
+    inner = sm.transport.smp.smp_batch
 
     async def traced(transport: Any, requests: list[Any]) -> list[Any]:
         t0, start = time.perf_counter(), time.time()
@@ -251,14 +251,14 @@ def _trace_batches() -> None:
         )
         return out
 
-    for mod in (sm.discover, sm.program, sm.sweep):
+    for mod in (sm.sweep.discover, sm.sweep.program, sm.sweep.light):
         mod.smp_batch = traced  # type: ignore[attr-defined]
 
 
 async def _serve(cfg: Line) -> int:
     from fabric.fileio import write_text_atomic
-    from sm.dump import format_lfts
-    from sm.manager import FabricManager, SmConfig
+    from sm.analysis.dump import format_lfts
+    from sm.sweep.manager import FabricManager, SmConfig
     from sm.transport.umad import UmadTransport
 
     class _Manager(FabricManager):

@@ -30,9 +30,9 @@ from _common import measure
 
 from fabric.generate import fattree
 from fabric.model import Fabric
-from sm.flowmodel import effective_bisection_bandwidth, predict_congestion
+from sm.analysis.flowmodel import effective_bisection_bandwidth, predict_congestion
+from sm.analysis.patterns import parse_pattern
 from sm.lidmap import LidMap, sequential_lids
-from sm.patterns import parse_pattern
 from sm.routing.base import Lft, make_engine
 
 

@@ -43,7 +43,7 @@ from fabric.formats.netfile import write_net  # noqa: E402
 from fabric.generate import fattree  # noqa: E402
 from fabric.ibsim import IbsimProcess, missing_ibsim_tools  # noqa: E402
 from fabric.model import Fabric, Speed  # noqa: E402
-from sm.verify import verify_routes  # noqa: E402
+from sm.analysis.verify import verify_routes  # noqa: E402
 
 SM_HOST = "host-00000"
 TOOL_HOST = "host-00001"

@@ -45,8 +45,8 @@ from exporters.prometheus import (
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.model import link_bytes_per_s
-from sm.manager import FabricManager, SubnetSnapshot
-from sm.perfmgr import PerfManager
+from sm.perf.perfmgr import PerfManager
+from sm.sweep.manager import FabricManager, SubnetSnapshot
 from sm.transport.emulated import EmulatedTransport
 
 GOAL_SECONDS = 1.0

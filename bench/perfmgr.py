@@ -25,9 +25,9 @@ from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.model import Fabric
 from sm.lidmap import LidMap, sequential_lids
-from sm.manager import FabricManager
-from sm.perfmgr import PerfManager
+from sm.perf.perfmgr import PerfManager
 from sm.routing.base import route
+from sm.sweep.manager import FabricManager
 from sm.transport.emulated import EmulatedTransport
 
 

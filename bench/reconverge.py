@@ -53,7 +53,7 @@ from fabric.formats.netfile import read_net, write_net
 from fabric.generate import fattree
 from fabric.ibsim import IbsimProcess, ibsim_size_args
 from fabric.model import Fabric, Speed
-from sm.manager import FabricManager, SmConfig
+from sm.sweep.manager import FabricManager, SmConfig
 from sm.transport.emulated import EmulatedTransport
 
 Row = dict[str, Any]

@@ -14,7 +14,7 @@ generated and with 1% and 5% of the inter-switch links removed
   1.00 = every shift contention-free) and routes per directed inter-switch
   link ("mean"); every shift on 648 hosts, a random sample (``--shifts``,
   seed 1) on 11,664 hosts, the count is printed;
-- pairs left unreachable by :func:`sm.verify.verify_routes` over every
+- pairs left unreachable by :func:`sm.analysis.verify.verify_routes` over every
   (end port, LID) pair, and among them host-to-host pairs;
 - credit loops (one per cyclic strongly connected component of the channel
   dependency graph, capped at 100) over all LIDs and over CA LIDs only;
@@ -40,10 +40,10 @@ from _common import measure
 
 from fabric.generate import degrade, fattree
 from fabric.model import Fabric
-from sm.creditflow import channel_dependency_graph, find_credit_loops
+from sm.analysis.creditflow import channel_dependency_graph, find_credit_loops
+from sm.analysis.verify import shift_quality, verify_routes
 from sm.lidmap import LidMap, sequential_lids
 from sm.routing.base import RoutingError, RoutingResult, engine_names, route
-from sm.verify import shift_quality, verify_routes
 
 MAX_LOOPS = 100
 

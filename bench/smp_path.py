@@ -57,10 +57,10 @@ def _thread_cpu(rx: int | None) -> dict[str, float]:
 
 async def _child(cfg: dict[str, Any]) -> dict[str, Any]:
     global _IBSIM_PID
-    import sm.manager
+    import sm.sweep.manager
 
     _IBSIM_PID = cfg.get("ibsim_pid")
-    from sm.manager import FabricManager, SmConfig
+    from sm.sweep.manager import FabricManager, SmConfig
     from sm.transport.umad import UmadTransport
 
     gc_time: dict[int, list[float]] = {0: [0.0, 0], 1: [0.0, 0], 2: [0.0, 0]}
@@ -94,8 +94,8 @@ async def _child(cfg: dict[str, Any]) -> dict[str, Any]:
 
         return run
 
-    sm.manager.discover = timed("discover", sm.manager.discover)  # type: ignore[attr-defined]
-    sm.manager.program_fabric = timed("program", sm.manager.program_fabric)  # type: ignore[attr-defined]
+    sm.sweep.manager.discover = timed("discover", sm.sweep.manager.discover)  # type: ignore[attr-defined]
+    sm.sweep.manager.program_fabric = timed("program", sm.sweep.manager.program_fabric)  # type: ignore[attr-defined]
     try:
         c0 = _thread_cpu(rx)
         r0 = resource.getrusage(resource.RUSAGE_SELF)

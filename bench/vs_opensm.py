@@ -32,10 +32,10 @@ run: all ports INIT, no LIDs), attached at the first host's CA port, it prints:
   the SM's port (SMPs to the SM's own CA never leave it);
 - the engine actually used (OpenSM: the word before "tables configured");
 - route quality read back from the fabric: the LIDs from ``ibnetdiscover``, every
-  switch's LFT from ``ibroute -n <switch lid>``, then ``sm.verify.shift_quality``
+  switch's LFT from ``ibroute -n <switch lid>``, then ``sm.analysis.verify.shift_quality``
   (routes per directed inter-switch link over shift permutations of the hosts: max,
   mean of each shift's max, mean; every shift on small trees, a random sample of
-  ``--max-shifts`` on big ones, count printed) and ``sm.verify.verify_routes``
+  ``--max-shifts`` on big ones, count printed) and ``sm.analysis.verify.verify_routes``
   (unreachable (end port, LID) pairs).
 
 The machine is shared and ibsim is one single-threaded process answering every MAD:
@@ -70,7 +70,7 @@ from fabric.formats.netfile import write_net  # noqa: E402
 from fabric.generate import degrade, fattree  # noqa: E402
 from fabric.ibsim import IbsimProcess, ibsim_size_args, missing_ibsim_tools  # noqa: E402
 from fabric.model import Fabric, Speed  # noqa: E402
-from sm.verify import shift_quality, verify_routes  # noqa: E402
+from sm.analysis.verify import shift_quality, verify_routes  # noqa: E402
 
 # ibsim 0.10 knows link rates up to QDR in net-file comments.
 SIM_SPEED = Speed.QDR

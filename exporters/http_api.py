@@ -1,7 +1,7 @@
 """The HTTP API (aiohttp): topology, routes, LFTs, health, validation, congestion, what-if, sweeps.
 
 :func:`create_app` builds the application around a source of subnet
-snapshots (the :class:`~sm.manager.FabricManager`). Everything lives under
+snapshots (the :class:`~sm.sweep.manager.FabricManager`). Everything lives under
 ``/api/v1``; ``/api/v1/openapi.json`` describes every endpoint
 (:mod:`exporters.openapi`), and ``/metrics`` is mounted when a Prometheus
 renderer is given.
@@ -64,22 +64,22 @@ from fabric.model import (
     link_gbps,
 )
 from fabric.shape import detect_shape
-from sm.dump import format_switch_lft
-from sm.events import EventBus, SweepDone, SweepFailed
-from sm.flowmodel import CongestionReport, predict_congestion
-from sm.manager import SmConfig, SubnetSnapshot
-from sm.patterns import Pattern, PatternError, hosts, parse_pattern
-from sm.query import EndpointError, resolve_endpoint
-from sm.routing.base import NO_ROUTE, RoutingOptions
-from sm.validate import (
+from sm.analysis.dump import format_switch_lft
+from sm.analysis.flowmodel import CongestionReport, predict_congestion
+from sm.analysis.patterns import Pattern, PatternError, hosts, parse_pattern
+from sm.analysis.query import EndpointError, resolve_endpoint
+from sm.analysis.validate import (
     compare_cabling,
     duplicate_descriptions,
     duplicate_guids,
     slow_links,
     stuck_ports,
 )
-from sm.verify import ShiftQuality, TraceError, VerifyReport, trace_route
-from sm.whatif import RouteQuality, WhatIfError, route_quality, what_if
+from sm.analysis.verify import ShiftQuality, TraceError, VerifyReport, trace_route
+from sm.analysis.whatif import RouteQuality, WhatIfError, route_quality, what_if
+from sm.routing.base import NO_ROUTE, RoutingOptions
+from sm.sweep.events import EventBus, SweepDone, SweepFailed
+from sm.sweep.manager import SmConfig, SubnetSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ MAX_ITEMS = 1000
 """Most problems listed per validation check (counts stay complete)."""
 CONGESTION_CACHE = 64
 """Congestion predictions kept per snapshot (by pattern)."""
-CONGESTION_MODEL = "max-min fair flow rates under credit back-pressure (sm/flowmodel.py)"
+CONGESTION_MODEL = "max-min fair flow rates under credit back-pressure (sm/analysis/flowmodel.py)"
 MAX_FLOWS = 1_000_000
 """Most flows a pattern may have over the API (all-to-all grows as hosts squared)."""
 
@@ -96,7 +96,7 @@ MAX_FLOWS = 1_000_000
 
 
 class SubnetSource(Protocol):
-    """What the API needs of the SM (:class:`~sm.manager.FabricManager` has it)."""
+    """What the API needs of the SM (:class:`~sm.sweep.manager.FabricManager` has it)."""
 
     snapshot: SubnetSnapshot | None
     config: SmConfig
@@ -106,7 +106,7 @@ class SubnetSource(Protocol):
 
 
 class CounterSource(Protocol):
-    """What the API reads of :class:`~sm.perfmgr.PerfManager`."""
+    """What the API reads of :class:`~sm.perf.perfmgr.PerfManager`."""
 
     fabric: Fabric | None
     totals: dict[str, npt.NDArray[np.uint64]]

@@ -72,7 +72,7 @@ class MetricDef:
     """One metric family.
 
     ``name`` is the name in the exposition (counters end in ``_total``);
-    ``counter_key`` names the :class:`sm.perfmgr.PerfManager` ``totals`` key a
+    ``counter_key`` names the :class:`sm.perf.perfmgr.PerfManager` ``totals`` key a
     per-port counter reads; ``infiniband_exporter`` is the closest metric of
     treydock/infiniband_exporter (documentation only).
     """

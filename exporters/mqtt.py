@@ -2,7 +2,7 @@
 
 Topics, for subnet ``S``:
 
-- ``ibfm/S/events/<type>``: each event (sm/events.py) as JSON, QoS 1;
+- ``ibfm/S/events/<type>``: each event (sm/sweep/events.py) as JSON, QoS 1;
 - ``ibfm/S/state``: the subnet state after each sweep, retained, QoS 1;
 - ``ibfm/S/status``: ``online`` once connected, retained; the broker
   publishes ``offline`` (the last will, retained) when the daemon vanishes.

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
-from sm.events import event_schema
+from sm.sweep.events import event_schema
 
 API_PREFIX = "/api/v1"
 API_VERSION = "1.0.0"
@@ -46,7 +46,7 @@ PATTERN_SPEC_PATTERN = (
     rf"^(?:shift:{_N}|random-(?:permutation|bisection)(?::{_N0})?|all-to-all|incast:{_N}(?::{_N0})?|ring"
     rf"|ring-per-rail)(?:@{_LOAD})?$"
 )
-"""A traffic pattern spec (``sm.patterns``): the names in lower case, integers below 10**18 without sign or
+"""A traffic pattern spec (``sm.analysis.patterns``): the names in lower case, integers below 10**18 without sign or
 leading zeros, a positive decimal load. Whether the fabric has the hosts it needs is the server's answer (409)."""
 NETFILE_FORMAT = "ibnetdiscover"
 """The string format of a posted net file (ibsim or ibnetdiscover): a custom format, which JSON Schema validators

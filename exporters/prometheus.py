@@ -1,8 +1,8 @@
 """The Prometheus exporter: metric families built from the fabric arrays at scrape time.
 
 Inputs (:class:`MetricsInputs`, from a :data:`MetricsSource` callable): the
-current :class:`~sm.manager.SubnetSnapshot`, the
-:class:`~sm.perfmgr.PerfManager` (counter totals ``[node, port]``), the
+current :class:`~sm.sweep.manager.SubnetSnapshot`, the
+:class:`~sm.perf.perfmgr.PerfManager` (counter totals ``[node, port]``), the
 congestion model's :class:`Prediction` and the heavy-sweep history
 (:class:`SweepStats`). Every metric name, type and help text comes from
 :mod:`exporters.metrics`.
@@ -50,7 +50,7 @@ from exporters import metrics as M
 from exporters.metrics import MetricDef
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, NO_PEER, Fabric, NodeType, lanes_of, link_bytes_per_s
-from sm.manager import SubnetSnapshot
+from sm.sweep.manager import SubnetSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class MetricsError(IbfmError):
 
 
 class PerfCounters(Protocol):
-    """What the exporter reads of :class:`sm.perfmgr.PerfManager`."""
+    """What the exporter reads of :class:`sm.perf.perfmgr.PerfManager`."""
 
     fabric: Fabric | None
     node_guid: npt.NDArray[np.uint64]

@@ -42,8 +42,8 @@ from fabric.emulator import EmulatedFabric
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, Fabric
 from ibfm.settings import Settings
-from sm.events import EventBus, SweepDone, SweepFailed, _Event
-from sm.manager import FabricManager, SmConfig, SubnetSnapshot
+from sm.sweep.events import EventBus, SweepDone, SweepFailed, _Event
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.base import WindowedTransport
 
 XMIT_WAIT_TICK_HZ = 1e8
@@ -66,7 +66,7 @@ STOP_TIMEOUT = 10.0
 class PredictedTraffic:
     """The emulated fabric's traffic: the congestion model's per-port rates for a pattern on the current routes.
 
-    :meth:`update` takes a :class:`~sm.flowmodel.CongestionReport` made on the
+    :meth:`update` takes a :class:`~sm.analysis.flowmodel.CongestionReport` made on the
     SM's snapshot and maps its ``[node, port]`` rates onto the emulator's own
     fabric by node GUID (the two number nodes differently). Idle until the
     first prediction.
@@ -226,7 +226,7 @@ class Service:
     def _wire_exporters(self) -> None:
         """PerfManager and the Prometheus renderer, where those modules are present."""
         if self.settings.perfmgr.enabled:
-            from sm.perfmgr import PerfManager
+            from sm.perf.perfmgr import PerfManager
 
             emu = self.emulator
             clock = (lambda: emu.time) if emu is not None else time.monotonic
@@ -289,8 +289,8 @@ class Service:
         )
 
     async def _predict(self, snap: SubnetSnapshot, metrics_spec: str, traffic_spec: str) -> None:
-        from sm.flowmodel import predict_congestion
-        from sm.patterns import parse_pattern
+        from sm.analysis.flowmodel import predict_congestion
+        from sm.analysis.patterns import parse_pattern
 
         def one(spec: str) -> Any:
             pattern = parse_pattern(spec, snap.fabric, snap.lids)

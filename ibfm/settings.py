@@ -57,8 +57,8 @@ def check_pattern_spec(spec: str) -> str:
     if not text:
         return ""
     from fabric.generate import fattree
+    from sm.analysis.patterns import PatternError, parse_pattern
     from sm.lidmap import sequential_lids
-    from sm.patterns import PatternError, parse_pattern
 
     f = fattree(2, 8)
     try:

@@ -41,7 +41,7 @@ from exporters.http_api import ApiConfig, create_app  # noqa: E402
 from exporters.openapi import NETFILE_FORMAT  # noqa: E402
 from fabric.emulator import EmulatedFabric  # noqa: E402
 from fabric.generate import fattree, ring  # noqa: E402
-from sm.manager import FabricManager  # noqa: E402
+from sm.sweep.manager import FabricManager  # noqa: E402
 from sm.transport.emulated import EmulatedTransport  # noqa: E402
 
 TOKEN = "fuzz-token"

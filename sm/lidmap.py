@@ -2,7 +2,7 @@
 
 Switches own LIDs on port 0, channel adapters on each port. With LMC ``l``
 an end port owns ``2**l`` consecutive LIDs starting at an aligned base.
-Routing engines, verification and the exporters read this; ``sm/lids.py``
+Routing engines, verification and the exporters read this; ``sm/sweep/lids.py``
 decides the assignment and keeps it stable across restarts.
 """
 

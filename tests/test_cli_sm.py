@@ -15,7 +15,7 @@ import pytest
 from fabric.formats.netfile import read_net, write_net
 from fabric.generate import fattree
 from ibfm.cli import main
-from sm.lids import read_guid2lid
+from sm.sweep.lids import read_guid2lid
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "small" / "fattree2_4leaf.net"
 

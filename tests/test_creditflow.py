@@ -10,16 +10,16 @@ import pytest
 
 from fabric.generate import degrade, fattree, ring, torus
 from fabric.model import Fabric
-from sm.creditflow import (
+from sm.analysis.creditflow import (
     CreditLoop,
     _tarjan,
     channel_dependency_graph,
     cycle_core,
     find_credit_loops,
 )
+from sm.analysis.verify import TraceError, trace_route
 from sm.lidmap import LidMap, sequential_lids
 from sm.routing.base import Lft, make_engine
-from sm.verify import TraceError, trace_route
 
 
 def brute_dependencies(f: Fabric, lids: LidMap, lft: Lft) -> set[tuple[tuple[int, int], tuple[int, int]]]:
@@ -159,7 +159,7 @@ def test_cycle_core_and_tarjan_match_networkx(seed: int) -> None:
     order = np.argsort(src, kind="stable")
     src, dst = src[order], dst[order]
     indptr = np.r_[0, np.cumsum(np.bincount(src, minlength=n))]
-    from sm.creditflow import ChannelDependencyGraph
+    from sm.analysis.creditflow import ChannelDependencyGraph
 
     z = np.zeros(n, np.int64)
     g = ChannelDependencyGraph(z, z, z, z, indptr.astype(np.int64), dst.astype(np.int64), np.zeros(dst.size, np.int64))

@@ -27,8 +27,8 @@ from exporters.prometheus import MetricsInputs, MetricsRenderer, PortPrediction,
 from fabric.emulator import ConstantTraffic, Counter, EmulatedFabric
 from fabric.generate import fattree
 from fabric.model import NO_PEER, PortState, link_bytes_per_s
-from sm.manager import FabricManager, SubnetSnapshot
-from sm.perfmgr import PerfManager
+from sm.perf.perfmgr import PerfManager
+from sm.sweep.manager import FabricManager, SubnetSnapshot
 from sm.transport.emulated import EmulatedTransport
 from tests.conftest import free_port, need_tool, stop_process
 

@@ -14,7 +14,7 @@ from fabric.formats.netfile import write_net
 from fabric.generate import fattree, ring
 from fabric.model import Fabric, Speed
 from ibfm.cli import main
-from sm.creditflow import (
+from sm.analysis.creditflow import (
     CongestionReport,
     FlowModelError,
     ModelTraffic,
@@ -23,10 +23,10 @@ from sm.creditflow import (
     predict_congestion,
     trace_flows,
 )
+from sm.analysis.patterns import Pattern, hosts, parse_pattern, random_bisection, shift
+from sm.analysis.verify import link_loads, trace_route
 from sm.lidmap import LidMap, sequential_lids
-from sm.patterns import Pattern, hosts, parse_pattern, random_bisection, shift
 from sm.routing.base import Lft, make_engine
-from sm.verify import link_loads, trace_route
 
 Routed = tuple[Fabric, LidMap, Lft]
 

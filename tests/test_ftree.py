@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from fabric.generate import GenerateError, degrade, fattree, rail_cluster, ring, torus
 from fabric.model import Fabric, FabricBuilder, NodeType
-from sm import verify
-from sm.creditflow import channel_dependency_graph, cycle_core, find_credit_loops
+from sm.analysis import verify
+from sm.analysis.creditflow import channel_dependency_graph, cycle_core, find_credit_loops
 from sm.lidmap import LidMap, sequential_lids
 from sm.routing.base import NO_ROUTE, RoutingError, RoutingOptions, make_engine, route
 from sm.routing.ftree import FtreeRouting, ftree_levels, host_order

@@ -46,15 +46,15 @@ from fabric.emulator import EmulatedFabric
 from fabric.formats.netfile import format_net
 from fabric.generate import fattree, ring
 from fabric.model import Fabric, PortState, Speed, Width
-from sm.dump import format_switch_lft
-from sm.events import EventBus, LinkDown, PortRef
+from sm.analysis.dump import format_switch_lft
+from sm.analysis.query import describe_route
+from sm.analysis.validate import compare_cabling, duplicate_descriptions, duplicate_guids, slow_links, stuck_ports
+from sm.analysis.whatif import what_if
 from sm.lidmap import sequential_lids
-from sm.manager import FabricManager, SmConfig, SubnetSnapshot
-from sm.query import describe_route
 from sm.routing.base import NO_ROUTE, RoutingOptions, route
+from sm.sweep.events import EventBus, LinkDown, PortRef
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.emulated import EmulatedTransport
-from sm.validate import compare_cabling, duplicate_descriptions, duplicate_guids, slow_links, stuck_ports
-from sm.whatif import what_if
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -192,8 +192,8 @@ async def test_health(client: TestClient, snap: SubnetSnapshot) -> None:
 
 
 async def test_health_reports_a_failed_sweep_and_credit_loops(snap: SubnetSnapshot) -> None:
-    from sm.creditflow import Channel, CreditLoop
-    from sm.events import SweepFailed
+    from sm.analysis.creditflow import Channel, CreditLoop
+    from sm.sweep.events import SweepFailed
 
     loop = CreditLoop((Channel("a", 1, "b", 2), Channel("b", 3, "a", 4)), (5, 6))
     src = Recorder(dataclasses.replace(snap, credit_loops=(loop,)))

@@ -26,7 +26,7 @@ from bench._sm_runner import SmRunner
 from fabric.formats.netfile import read_net
 from fabric.generate import fattree
 from fabric.model import Fabric
-from sm.verify import verify_routes
+from sm.analysis.verify import verify_routes
 from tests.conftest import free_port, need_ibsim, stop_process
 from tests.test_ibsim_sm import REPO, SIM_SPEED, Sim, start_sim
 from tests.umad_probe import run_probe

@@ -34,9 +34,9 @@ from fabric.formats.netfile import parse_net, read_net, write_net
 from fabric.generate import degrade, fattree, rail_cluster, torus
 from fabric.ibsim import IbsimProcess
 from fabric.model import Fabric, Speed
+from sm.analysis.verify import Hop, trace_route
 from sm.lidmap import LidMap
 from sm.routing.base import NO_ROUTE, Lft
-from sm.verify import Hop, trace_route
 from tests.conftest import need_ibsim
 
 REPO = Path(__file__).resolve().parent.parent

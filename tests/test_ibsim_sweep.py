@@ -22,9 +22,9 @@ from bench._sm_runner import SmRunner
 from fabric.emulator import EmulatedFabric
 from fabric.formats.netfile import parse_net, read_net
 from fabric.generate import fattree
-from sm.discover import Discovery
-from sm.manager import FabricManager, SmConfig
-from sm.sweep import light_sweep
+from sm.sweep.discover import Discovery
+from sm.sweep.light import light_sweep
+from sm.sweep.manager import FabricManager, SmConfig
 from sm.transport.emulated import EmulatedTransport
 from tests.conftest import need_ibsim
 from tests.test_ibsim_sm import (

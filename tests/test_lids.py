@@ -16,7 +16,7 @@ import pytest
 
 from fabric import fileio
 from fabric.model import Fabric, FabricBuilder, NodeType
-from sm.lids import LidError, LidManager, assign_lids, read_guid2lid, write_guid2lid
+from sm.sweep.lids import LidError, LidManager, assign_lids, read_guid2lid, write_guid2lid
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -292,7 +292,7 @@ def test_temp_file_of_a_killed_writer_is_removed_at_start(tmp_path: Path) -> Non
     # A writer killed by SIGKILL between writing its temp file and the rename.
     code = (
         "import os, signal, sys\n"
-        "from sm.lids import write_guid2lid\n"
+        "from sm.sweep.lids import write_guid2lid\n"
         "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
         "write_guid2lid(sys.argv[1], {0x10: (1, 1), 0x20: (2, 2)})\n"
     )

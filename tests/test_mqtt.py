@@ -17,7 +17,7 @@ import aiomqtt
 import pytest
 
 from exporters.mqtt import MqttPublisher, subnet_state
-from sm.events import EVENT_TYPES, EventBus, LinkDown, PortRef, SweepDone, event_adapter
+from sm.sweep.events import EVENT_TYPES, EventBus, LinkDown, PortRef, SweepDone, event_adapter
 from tests.conftest import free_port, need_tool, stop_process
 
 pytestmark = pytest.mark.mqtt

@@ -1,4 +1,4 @@
-"""sm.offload: the sweep's routing and checks in a forked child (or a thread), results in order."""
+"""sm.sweep.offload: the sweep's routing and checks in a forked child (or a thread), results in order."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from fabric.emulator import EmulatedFabric
 from fabric.errors import FormatError, IbfmError
 from fabric.generate import fattree, ring
 from fabric.model import Fabric
-from sm.manager import FabricManager, SmConfig, SubnetSnapshot, SweepError
-from sm.offload import Emit, Offload, OffloadError
 from sm.routing.base import RoutingError
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot, SweepError
+from sm.sweep.offload import Emit, Offload, OffloadError
 from sm.transport.emulated import EmulatedTransport
 from tests.conftest import missing_precondition
 
@@ -255,7 +255,7 @@ async def test_a_child_killed_by_a_signal_is_reported_and_reaped() -> None:
 
 @pytest.mark.parametrize("urgent", [0, 1, 2])
 async def test_the_child_computes_its_urgent_results_at_the_parents_priority(urgent: int) -> None:
-    from sm.offload import CHILD_NICE
+    from sm.sweep.offload import CHILD_NICE
 
     def policy() -> tuple[int, int]:
         return os.sched_getscheduler(0), os.nice(0)

@@ -18,7 +18,7 @@ import pytest
 from fabric.formats.netfile import parse_net, read_net
 from fabric.generate import fattree
 from fabric.model import Fabric
-from sm.lids import write_guid2lid
+from sm.sweep.lids import write_guid2lid
 from tests.conftest import need_ibsim
 from tests.test_ibsim_sm import SIM_SPEED, Sim, check_ibnetdiscover, parse_guid2lid, run_ibfm, start_sim
 

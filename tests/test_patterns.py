@@ -8,8 +8,7 @@ import pytest
 from fabric.errors import IbfmError
 from fabric.generate import fattree, rail_cluster
 from fabric.model import Fabric
-from sm.lidmap import LidMap, sequential_lids
-from sm.patterns import (
+from sm.analysis.patterns import (
     Pattern,
     PatternError,
     _derangement,
@@ -18,6 +17,7 @@ from sm.patterns import (
     parse_pattern,
     port_capacity,
 )
+from sm.lidmap import LidMap, sequential_lids
 
 
 @pytest.fixture(scope="module")

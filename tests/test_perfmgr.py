@@ -20,8 +20,8 @@ from fabric.emulator import ConstantTraffic, Counter, EmulatedFabric
 from fabric.generate import fattree
 from fabric.mad import PORT_COUNTERS, PORT_COUNTERS_EXT, Method, PerfAttr, parse_mad, perf_mad
 from fabric.model import Fabric, NodeType
-from sm.manager import FabricManager, SubnetSnapshot
-from sm.perfmgr import KEYS, RATE_KEYS, PerfManager, PerfMgrError
+from sm.perf.perfmgr import KEYS, RATE_KEYS, PerfManager, PerfMgrError
+from sm.sweep.manager import FabricManager, SubnetSnapshot
 from sm.transport.emulated import EmulatedTransport
 
 WORDS_75 = int(0xFFFFFFFF * 0.75)

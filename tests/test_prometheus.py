@@ -34,8 +34,8 @@ from exporters.prometheus import (
 from fabric.emulator import ConstantTraffic, Counter, EmulatedFabric
 from fabric.generate import fattree
 from fabric.model import Fabric, FabricBuilder, NodeType, PortState
-from sm.manager import FabricManager, SubnetSnapshot
-from sm.perfmgr import KEYS, PerfManager
+from sm.perf.perfmgr import KEYS, PerfManager
+from sm.sweep.manager import FabricManager, SubnetSnapshot
 from sm.transport.emulated import EmulatedTransport
 from tests.conftest import need_tool
 

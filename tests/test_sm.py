@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from fabric.emulator import EmulatedFabric
 from fabric.generate import GenerateError, degrade, fattree, ring
 from fabric.model import Fabric, FabricBuilder, NodeType, PortState
-from sm.discover import discover
-from sm.manager import FabricManager, SmConfig, SubnetSnapshot
-from sm.program import lft_block_diff
+from sm.sweep.discover import discover
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
+from sm.sweep.program import lft_block_diff
 from sm.transport.emulated import EmulatedTransport
 
 
@@ -207,7 +207,7 @@ def test_property_degraded_trees_come_up_and_keep_lids(
 
 def test_port_info_table_keeps_bytes_and_dicts_in_step() -> None:
     from fabric.mad import PORT_INFO
-    from sm.discover import PortInfoTable
+    from sm.sweep.discover import PortInfoTable
 
     a = PORT_INFO.pack({"LID": 7, "PortState": 2, "PortPhysicalState": 5, "LinkWidthSupported": 3})
     b = PORT_INFO.pack({"LID": 9, "PortState": 4, "PortPhysicalState": 5})
@@ -289,7 +289,7 @@ async def test_a_link_that_came_back_is_armed_though_the_read_of_its_far_end_was
 
 
 async def test_a_routing_failure_leaves_a_live_fabric_as_it_was(tmp_path: Path) -> None:
-    from sm.manager import SweepError
+    from sm.sweep.manager import SweepError
 
     emu = EmulatedFabric(ring(4, 2))
     f = emu.fabric

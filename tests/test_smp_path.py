@@ -27,10 +27,10 @@ from fabric.mad import (
     smp_lid,
 )
 from fabric.model import PortState
-from sm.manager import FabricManager, SmConfig
-from sm.smp import RowCodec, SmpError, build_smps, smp_batch, smp_batch_dr
+from sm.sweep.manager import FabricManager, SmConfig
 from sm.transport.base import MadTimeout, Route, TransportError, WindowedTransport
 from sm.transport.emulated import EmulatedTransport
+from sm.transport.smp import RowCodec, SmpError, build_smps, smp_batch, smp_batch_dr
 from tests.test_emulator import small
 
 

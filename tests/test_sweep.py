@@ -11,9 +11,9 @@ import pytest
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.model import Fabric, NodeType, PortState
-from sm.events import Event, LinkDown, LinkUp, NodeAdded, NodeRemoved, PortHeldDown, SweepDone
-from sm.manager import FabricManager, SmConfig, SubnetSnapshot
-from sm.sweep import FlapDamper
+from sm.sweep.events import Event, LinkDown, LinkUp, NodeAdded, NodeRemoved, PortHeldDown, SweepDone
+from sm.sweep.light import FlapDamper
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.emulated import EmulatedTransport
 
 

@@ -152,7 +152,7 @@ async def test_random_mads_of_every_class_method_and_length_are_refused_or_dropp
     and only readable Notices request a sweep."""
     import random
 
-    from sm.manager import FabricManager, SmConfig
+    from sm.sweep.manager import FabricManager, SmConfig
     from sm.transport.base import is_trap, refusal
 
     f = fattree(2, 4)

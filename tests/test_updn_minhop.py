@@ -10,13 +10,13 @@ import pytest
 
 from fabric.generate import degrade, fattree, ring, torus
 from fabric.model import Fabric, FabricBuilder, NodeType
-from sm.creditflow import find_credit_loops
+from sm.analysis.creditflow import find_credit_loops
+from sm.analysis.verify import trace_route, verify_routes
 from sm.lidmap import sequential_lids
 from sm.routing._hops import hop_matrix, switch_graph
 from sm.routing.base import NO_ROUTE, RoutingError, RoutingOptions, make_engine, route
 from sm.routing.minhop import MinHopEngine
 from sm.routing.updn import UpDownEngine
-from sm.verify import trace_route, verify_routes
 
 
 def random_fabric(n_sw: int, extra: int, seed: int, hosts: int = 1, radix: int = 12) -> Fabric:

@@ -10,11 +10,7 @@ import pytest
 
 from fabric.generate import degrade, fattree, ring
 from fabric.model import Fabric, NodeType
-from sm.lidmap import LidMap, sequential_lids
-from sm.routing.base import NO_ROUTE, Lft, make_engine
-from sm.routing.minhop import MinHopEngine
-from sm.routing.updn import UpDownEngine
-from sm.verify import (
+from sm.analysis.verify import (
     Hop,
     Status,
     TraceError,
@@ -24,6 +20,10 @@ from sm.verify import (
     trace_route,
     verify_routes,
 )
+from sm.lidmap import LidMap, sequential_lids
+from sm.routing.base import NO_ROUTE, Lft, make_engine
+from sm.routing.minhop import MinHopEngine
+from sm.routing.updn import UpDownEngine
 
 
 def row(f: Fabric, name: str) -> int:

@@ -20,7 +20,7 @@ from sm.routing.base import Lft, RoutingError
 
 
 def register(sub: Any) -> None:
-    from sm.patterns import PATTERN_SPECS
+    from sm.analysis.patterns import PATTERN_SPECS
 
     p = sub.add_parser(
         "congestion",
@@ -82,8 +82,8 @@ def _route(fabric: Fabric, lids: LidMap, chain: tuple[str, ...]) -> tuple[str, L
 
 
 def cmd_congestion(args: argparse.Namespace) -> int:
-    from sm.flowmodel import predict_congestion
-    from sm.patterns import parse_pattern
+    from sm.analysis.flowmodel import predict_congestion
+    from sm.analysis.patterns import parse_pattern
 
     fabric, lids = _load(args.topology)
     pattern = parse_pattern(args.pattern, fabric, lids)
@@ -139,7 +139,7 @@ def _table(title: str, rows: list[Any]) -> str:
 
 
 def cmd_ebb(args: argparse.Namespace) -> int:
-    from sm.flowmodel import effective_bisection_bandwidth
+    from sm.analysis.flowmodel import effective_bisection_bandwidth
     from sm.routing.base import make_engine
 
     fabric, lids = _load(args.topology)

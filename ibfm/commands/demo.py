@@ -9,8 +9,8 @@ from typing import Any
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from ibfm.commands.sm import format_summary, summary
-from sm.manager import FabricManager, SmConfig
-from sm.query import describe_route, format_route
+from sm.analysis.query import describe_route, format_route
+from sm.sweep.manager import FabricManager, SmConfig
 from sm.transport.emulated import EmulatedTransport
 
 

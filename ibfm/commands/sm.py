@@ -11,9 +11,9 @@ from typing import Any
 
 from fabric.errors import IbfmError
 from ibfm.commands._args import DEFAULT_CHAIN, engine_chain, number_in
-from sm.dump import format_lfts
-from sm.manager import FabricManager, SmConfig, SubnetSnapshot
-from sm.query import describe_route, format_route
+from sm.analysis.dump import format_lfts
+from sm.analysis.query import describe_route, format_route
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.base import TransportStats, WindowedTransport
 
 
@@ -177,7 +177,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
     import dataclasses
     import signal
 
-    from sm.events import SweepDone
+    from sm.sweep.events import SweepDone
 
     transport = open_transport(args)
     stop = asyncio.Event()

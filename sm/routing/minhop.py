@@ -4,7 +4,7 @@ Every switch forwards a LID on a port that lies on a shortest path to the
 switch the LID hangs on; among those ports it takes the one with the fewest
 CA LIDs routed through it so far (lowest port on a tie). Min-hop routes any
 connected topology but gives no deadlock guarantee: on rings and tori its
-routes form credit loops (see :mod:`sm.creditflow`).
+routes form credit loops (see :mod:`sm.analysis.creditflow`).
 """
 
 from __future__ import annotations

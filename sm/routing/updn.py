@@ -29,7 +29,7 @@ them is used; with one root there always is one.
 Two switches that are only joined through lower switches (two spines of a
 leaf/spine fabric, two cores of a 3-level tree) have no legal path between
 them: each other's switch LIDs stay unrouted (255), as under OpenSM's
-updn. CA traffic is not affected; :func:`sm.verify.verify_routes` counts
+updn. CA traffic is not affected; :func:`sm.analysis.verify.verify_routes` counts
 such pairs.
 """
 

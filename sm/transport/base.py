@@ -104,7 +104,7 @@ class TransportStats:
     timeouts: int = 0
     retries: int = 0
     resent: int = 0
-    """Requests sent again in a new round after every retry timed out (``sm.smp.send_resending``)."""
+    """Requests sent again in a new round after every retry timed out (``sm.transport.smp.send_resending``)."""
     unmatched: int = 0
     unsolicited: int = 0
     refused: int = 0

@@ -1,10 +1,10 @@
 """Credit-flow congestion model: max-min fair flow rates, link loads and predicted XmitWait.
 
 A fluid model of one VL under static (LFT) routing. Every flow of a
-:class:`~sm.patterns.Pattern` follows the LFTs from its source end port to
+:class:`~sm.analysis.patterns.Pattern` follows the LFTs from its source end port to
 its destination LID; the directed links it crosses, CA injection and
 ejection links included, form a sparse flows x links incidence (entry
-arrays ``flow``, ``link``, ``hop``), built with :mod:`sm.verify`'s
+arrays ``flow``, ``link``, ``hop``), built with :mod:`sm.analysis.verify`'s
 vectorized route walk. Link capacities come from the active width and speed.
 
 Rates are max-min fair (water-filling): each round gives every link its
@@ -51,10 +51,10 @@ import numpy.typing as npt
 
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, Fabric, NodeType
+from sm.analysis.patterns import Pattern, hosts, port_capacity, random_bisection
+from sm.analysis.verify import RouteTables, Status, entry_rows, route_tables, walk_routes
 from sm.lidmap import LidMap
-from sm.patterns import Pattern, hosts, port_capacity, random_bisection
 from sm.routing.base import Lft
-from sm.verify import RouteTables, Status, entry_rows, route_tables, walk_routes
 
 if TYPE_CHECKING:
     from fabric.emulator import EmulatedFabric
@@ -139,7 +139,7 @@ class FlowPaths:
     """The links each flow crosses, as entries (``flow``, ``link``, ``hop``), hop 0 = a CA's own port.
 
     Only flows that reach their destination have entries; ``status`` holds
-    each flow's :class:`~sm.verify.Status`. ``first_link`` is the link a flow
+    each flow's :class:`~sm.analysis.verify.Status`. ``first_link`` is the link a flow
     enters the fabric on (its injection link; for a switch source the first
     link it leaves on), -1 for an undelivered flow.
     """

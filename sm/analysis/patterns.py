@@ -98,7 +98,7 @@ class Pattern:
         return int(self.src_node.size)
 
     def pairs(self) -> npt.NDArray[np.int64]:
-        """``(K, 3)``: (source node, source port, destination LID), as :func:`sm.verify.link_loads` takes."""
+        """``(K, 3)``: (source node, source port, destination LID), as :func:`sm.analysis.verify.link_loads` takes."""
         return np.stack([self.src_node, self.src_port, self.dst_lid], axis=1)
 
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, Fabric, NodeType, link_gbps, rate_name
+from sm.analysis.verify import trace_route
 from sm.lidmap import LidMap
 from sm.links import path_mtu_rate
 from sm.routing.base import Lft
-from sm.verify import trace_route
 
 
 class EndpointError(IbfmError):

@@ -1,6 +1,6 @@
 """The FabricManager: the heavy sweep as a fixed list of stages, and the snapshot it publishes.
 
-A light sweep (``sm/sweep.py``) runs every ``sweep_interval`` seconds and
+A light sweep (``sm/sweep/light.py``) runs every ``sweep_interval`` seconds and
 at once on a trap or an API request; those triggers merge into one flag
 and sweeps never overlap. When it finds a change, a heavy sweep follows,
 on the last discovery with the change applied when only links between
@@ -32,9 +32,13 @@ import numpy.ma  # noqa: F401 - np.unique imports it on first use (9 ms): at sta
 from fabric.errors import IbfmError
 from fabric.mad import Method, SmpAttr, notice_unpack, parse_mad, trap_repress
 from fabric.model import Fabric, NodeType
-from sm.creditflow import CreditLoop, find_credit_loops
-from sm.discover import Discovery, discover
-from sm.events import (
+from sm.analysis.creditflow import CreditLoop, find_credit_loops
+from sm.analysis.verify import VerifyReport, verify_routes
+from sm.lidmap import LidMap
+from sm.links import LinkPlan, apply_link_plan, plan_links
+from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, RoutingResult, make_engine, route
+from sm.sweep.discover import Discovery, discover
+from sm.sweep.events import (
     CreditLoopFound,
     EventBus,
     LinkDown,
@@ -47,21 +51,17 @@ from sm.events import (
     SweepDone,
     SweepFailed,
 )
-from sm.lidmap import LidMap
-from sm.lids import LidManager
-from sm.links import LinkPlan, apply_link_plan, plan_links
-from sm.offload import Emit, Offload
-from sm.program import HeldLfts, ProgramReport, program_fabric
-from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, RoutingResult, make_engine, route
-from sm.sweep import FlapDamper, apply_changes, hold_down, light_sweep
+from sm.sweep.lids import LidManager
+from sm.sweep.light import FlapDamper, apply_changes, hold_down, light_sweep
+from sm.sweep.offload import Emit, Offload
+from sm.sweep.program import HeldLfts, ProgramReport, program_fabric
 from sm.transport.base import WindowedTransport
-from sm.verify import VerifyReport, verify_routes
 
 log = logging.getLogger("ibfm.sm")
 
 
 OFFLOAD_TIMEOUT_S = 600.0
-"""How long a sweep waits for each result of its routing and checks (sm.offload) before giving up."""
+"""How long a sweep waits for each result of its routing and checks (sm.sweep.offload) before giving up."""
 
 TRAP_SETTLE_S = 0.01
 """After a trap, how long to wait for the rest of its burst before sweeping."""
@@ -88,7 +88,7 @@ class SmConfig:
     subnet_prefix: int = 0xFE80000000000000
     check_credit_loops: bool = True
     offload: bool = True
-    """Route and check in a forked child while the MADs go out (sm.offload); False: in this process."""
+    """Route and check in a forked child while the MADs go out (sm.sweep.offload); False: in this process."""
     sweep_interval: float = 10.0
     """Seconds between light sweeps (traps and API requests sweep at once)."""
     flap_max: int = 4
@@ -419,7 +419,7 @@ class FabricManager:
         check_loops = cfg.check_credit_loops
 
         def compute(emit: Emit) -> None:
-            # In a forked child (sm.offload): routing while the ports are configured, then the
+            # In a forked child (sm.sweep.offload): routing while the ports are configured, then the
             # checks while the LFT blocks go out and the ports turn ACTIVE.
             t = time.perf_counter()
             routed = route(fabric, lids, cfg.engines, options)

@@ -21,12 +21,12 @@ import numpy as np
 
 from fabric.errors import IbfmError
 from fabric.model import Fabric, NodeType
-from sm.creditflow import find_credit_loops
-from sm.flowmodel import CongestionReport, predict_congestion
+from sm.analysis.creditflow import find_credit_loops
+from sm.analysis.flowmodel import CongestionReport, predict_congestion
+from sm.analysis.patterns import PatternError, hosts, parse_pattern
+from sm.analysis.verify import ShiftQuality, VerifyReport, shift_quality, verify_routes
 from sm.lidmap import LidMap
-from sm.patterns import PatternError, hosts, parse_pattern
 from sm.routing.base import Lft, RoutingError, RoutingOptions, route
-from sm.verify import ShiftQuality, VerifyReport, shift_quality, verify_routes
 
 
 class WhatIfError(IbfmError):

@@ -29,9 +29,9 @@ import numpy as np
 
 from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr
 from fabric.model import Fabric, NodeType, PhysState, PortState, dr_paths
-from sm.discover import Discovery, Path, apply_port_info, nodeinfo_problem
-from sm.smp import SmpRequest, smp_batch
+from sm.sweep.discover import Discovery, Path, apply_port_info, nodeinfo_problem
 from sm.transport.base import WindowedTransport
+from sm.transport.smp import SmpRequest, smp_batch
 
 
 @dataclass(frozen=True)

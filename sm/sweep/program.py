@@ -30,12 +30,12 @@ import numpy.typing as npt
 
 from fabric.mad import LFT_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, Method, SmpAttr
 from fabric.model import NodeType, PortState
-from sm.discover import Discovery, Path
 from sm.lidmap import LidMap
 from sm.links import LinkPlan
 from sm.routing.base import NO_ROUTE, Lft
-from sm.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_batch_dr
+from sm.sweep.discover import Discovery, Path
 from sm.transport.base import WindowedTransport
+from sm.transport.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_batch_dr
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
 """Switch node GUID -> the LFT it holds as far as we know (NO_ROUTE where unknown/empty)."""

@@ -30,8 +30,8 @@ from fabric.model import (
     Speed,
     speed_from_portinfo,
 )
-from sm.smp import RowCodec, smp_batch_dr, smp_get
 from sm.transport.base import WindowedTransport
+from sm.transport.smp import RowCodec, smp_batch_dr, smp_get
 
 Path = tuple[int, ...]
 

@@ -332,10 +332,10 @@ def find_credit_loops(
 
 # -- congestion model --------------------------------------------------------------------------------
 # The credit-based fluid model (max-min fair rates, link loads, predicted XmitWait, effective
-# bisection bandwidth, emulator traffic) lives in sm/flowmodel.py, traffic patterns in
-# sm/patterns.py; the model's names are re-exported here.
+# bisection bandwidth, emulator traffic) lives in sm/analysis/flowmodel.py, traffic patterns in
+# sm/analysis/patterns.py; the model's names are re-exported here.
 
-from sm.flowmodel import (  # noqa: E402
+from sm.analysis.flowmodel import (  # noqa: E402
     CongestionReport,
     DirectedLinks,
     EbbReport,
