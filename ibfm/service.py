@@ -37,7 +37,9 @@ import numpy as np
 import numpy.typing as npt
 from aiohttp import web
 
-from exporters.http_api import ApiConfig, create_app, prepare_view
+from exporters.http.app import create_app
+from exporters.http.common import ApiConfig
+from exporters.http.state import prepare_view
 from fabric.emulator import EmulatedFabric
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, Fabric

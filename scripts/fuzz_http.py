@@ -3,7 +3,7 @@
     .venv/bin/pip install schemathesis      # a measuring tool, not a test dependency
     .venv/bin/python scripts/fuzz_http.py [--max-examples N] [--seed S] [-- more `st run` options]
 
-Serves :func:`exporters.http_api.create_app` on 127.0.0.1 (an ephemeral
+Serves :func:`exporters.http.app.create_app` on 127.0.0.1 (an ephemeral
 port) over a swept emulated 2-level fat-tree (radix 8: 12 switches, 32
 hosts, the fabric ``ibfm serve`` emulates by default, so the document's
 examples name real nodes) with a write token, then runs ``st run`` on its
@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 from aiohttp import web  # noqa: E402
 
-from exporters.http_api import ApiConfig, create_app  # noqa: E402
-from exporters.openapi import NETFILE_FORMAT  # noqa: E402
+from exporters.http.app import create_app  # noqa: E402
+from exporters.http.common import ApiConfig  # noqa: E402
+from exporters.http.openapi import NETFILE_FORMAT  # noqa: E402
 from fabric.emulator import EmulatedFabric  # noqa: E402
 from fabric.generate import fattree, ring  # noqa: E402
 from sm.sweep.manager import FabricManager  # noqa: E402

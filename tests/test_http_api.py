@@ -21,17 +21,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from exporters.http_api import (
-    SERVER_LOG,
-    ApiConfig,
-    ApiError,
-    SnapshotView,
-    _build_pattern,
-    _check_spec,
-    _link_spec,
-    create_app,
-)
-from exporters.openapi import (
+from exporters.http.app import create_app
+from exporters.http.common import SERVER_LOG, ApiConfig, ApiError
+from exporters.http.congestion import _build_pattern, _check_spec, _link_spec
+from exporters.http.openapi import (
     LINK_PATTERN,
     MODEL_FOR,
     NETFILE_SCHEMA,
@@ -42,6 +35,7 @@ from exporters.openapi import (
     ErrorBody,
     build_openapi,
 )
+from exporters.http.view import SnapshotView
 from fabric.emulator import EmulatedFabric
 from fabric.formats.netfile import format_net
 from fabric.generate import fattree, ring
@@ -837,12 +831,12 @@ async def test_metrics_mounted(source: Recorder) -> None:
 
 
 async def test_unexpected_exception_is_a_json_500(source: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporters import http_api
+    from exporters.http import view as view_module
 
     def boom(self: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(http_api.SnapshotView, "nodes", boom)
+    monkeypatch.setattr(view_module.SnapshotView, "nodes", boom)
     c = await _client(create_app(source))
     try:
         body = await _error(await c.get("/api/v1/nodes"), 500, None)
@@ -1215,7 +1209,7 @@ def _match(template: str, path: str) -> bool:
 
 
 async def test_prepare_view_builds_the_tables_ahead(source: Recorder, snap: SubnetSnapshot) -> None:
-    from exporters.http_api import RUNTIME, prepare_view
+    from exporters.http.state import RUNTIME, prepare_view
 
     app = create_app(source)
     await prepare_view(app, snap)

@@ -1,6 +1,6 @@
 """The HTTP API's schemas (pydantic models) and its OpenAPI 3.1 document.
 
-Handlers in :mod:`exporters.http_api` build plain dicts for speed; these
+Handlers in :mod:`exporters.http` build plain dicts for speed; these
 models say what those dicts hold. The component schemas of the document
 are derived from the models, the paths are written out here, and the
 tests validate every response against its model, so the document cannot
@@ -25,7 +25,7 @@ API_VERSION = "1.0.0"
 # -- what the server takes, as JSON Schema keywords ----------------------------------------------------------
 #
 # The regexes are written in the subset ECMA-262 and Python's re agree on, and say exactly what the handlers
-# of exporters.http_api accept; tests/test_http_api.py checks both directions.
+# of exporters.http accept; tests/test_http_api.py checks both directions.
 
 _WS = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 """The characters ``str.strip()`` removes (Python's whitespace), spelled out: ``\\s`` differs between dialects."""
