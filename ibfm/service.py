@@ -33,8 +33,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from aiohttp import web
 
 from exporters.http.app import create_app
@@ -42,65 +40,17 @@ from exporters.http.common import ApiConfig
 from exporters.http.state import prepare_view
 from fabric.emulator import EmulatedFabric
 from fabric.errors import IbfmError
-from fabric.model import MTU_BYTES, Fabric
+from fabric.model import Fabric
+from fabric.traffic import XMIT_WAIT_TICK_HZ, PredictedTraffic, TrafficClock
 from ibfm.settings import Settings
 from sm.sweep.events import EventBus, SweepDone, SweepFailed, _Event
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.base import WindowedTransport
 
-XMIT_WAIT_TICK_HZ = 1e8
-"""XmitWait ticks per second of waiting, for predictions and the emulated counters they drive.
-
-PortXmitWait is a 32-bit counter; at one tick per 4-byte word a blocked 4x NDR port would wrap it in
-0.35 s, faster than any counter sweep. At 1e8 ticks/s it takes 43 s, so the perf manager's clear at
-75% keeps up with a 10 s sweep interval.
-"""
-
 log = logging.getLogger("ibfm.service")
 
 STOP_TIMEOUT = 10.0
 """Seconds a background task gets to finish after the stop request before it is cancelled."""
-
-
-# -- emulated traffic --------------------------------------------------------------------------------------
-
-
-class PredictedTraffic:
-    """The emulated fabric's traffic: the congestion model's per-port rates for a pattern on the current routes.
-
-    :meth:`update` takes a :class:`~sm.analysis.flowmodel.CongestionReport` made on the
-    SM's snapshot and maps its ``[node, port]`` rates onto the emulator's own
-    fabric by node GUID (the two number nodes differently). Idle until the
-    first prediction.
-    """
-
-    def __init__(self, emu_fabric: Fabric) -> None:
-        shape = emu_fabric.port_exists.shape
-        self._guids = emu_fabric.node_guid
-        self._bytes: npt.NDArray[np.float64] = np.zeros(shape)
-        self._pkts: npt.NDArray[np.float64] = np.zeros(shape)
-        self._wait: npt.NDArray[np.float64] = np.zeros(shape)
-
-    def update(self, report: Any) -> None:
-        f = report.fabric
-        index = {int(g): i for i, g in enumerate(f.node_guid.tolist())}
-        nmap = np.array([index.get(int(g), -1) for g in self._guids.tolist()], np.int64)
-        ok = np.flatnonzero(nmap >= 0)
-        width = min(self._bytes.shape[1], f.port_exists.shape[1])
-        size = np.full(f.port_exists.shape, 4096.0)
-        for code, nbytes in MTU_BYTES.items():
-            size[f.mtu_active == code] = nbytes
-        b, w = np.zeros_like(self._bytes), np.zeros_like(self._wait)
-        b[ok, :width] = report.xmit_bytes[nmap[ok], :width]
-        w[ok, :width] = report.xmit_wait[nmap[ok], :width]
-        pk = np.zeros_like(b)
-        pk[ok, :width] = b[ok, :width] / size[nmap[ok], :width]
-        self._bytes, self._pkts, self._wait = b, pk, w
-
-    def rates(
-        self, emu: EmulatedFabric
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        return self._bytes, self._pkts, self._wait
 
 
 # -- logging --------------------------------------------------------------------------------------------------
@@ -179,6 +129,7 @@ class Service:
         self.settings = settings
         self.emulator: EmulatedFabric | None = None
         self.traffic: PredictedTraffic | None = None
+        self._emu_clock: TrafficClock | None = None
         self.transport: WindowedTransport = self._open_transport()
         self.events = EventBus()
         self.manager = FabricManager(self.transport, sm_config(settings), self.events)
@@ -209,7 +160,6 @@ class Service:
         self.app.cleanup_ctx.extend([self._transport_ctx, self._sweep_ctx, self._perf_ctx, self._mqtt_ctx])
         self.address: tuple[str, int] | None = None
         self._last_traffic: Any = None
-        self._emu_clock: float | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _open_transport(self) -> WindowedTransport:
@@ -223,6 +173,7 @@ class Service:
         fabric = build_fabric(self.settings)
         self.traffic = PredictedTraffic(fabric)
         self.emulator = EmulatedFabric(fabric, traffic=self.traffic)
+        self._emu_clock = TrafficClock(self.emulator)
         return EmulatedTransport(self.emulator)
 
     def _wire_exporters(self) -> None:
@@ -325,13 +276,8 @@ class Service:
 
     def _advance_emulator(self) -> None:
         """Let the emulated traffic flow up to now."""
-        emu = self.emulator
-        if emu is None:
-            return
-        now = asyncio.get_running_loop().time()
-        if self._emu_clock is not None and now > self._emu_clock:
-            emu.advance(now - self._emu_clock)
-        self._emu_clock = now
+        if self._emu_clock is not None:
+            self._emu_clock.advance_to(asyncio.get_running_loop().time())
 
     # -- background work, in cleanup_ctx order
 
