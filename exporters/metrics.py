@@ -99,136 +99,105 @@ class MetricDef:
         return (self.name,)
 
 
+# Each family below is one call to the helper for its scope: the name and the short columns on the
+# first line, the help text after it.
+
+
+def _metric(name: str, type: MetricType, label: str, help: str) -> MetricDef:
+    """A subnet-wide family (the PerfManager's too): no labels, or the one ``label`` it is split by ("" for none)."""
+    return MetricDef(name, type, help, (label,) if label else ())
+
+
 def _port_gauge(name: str, help: str, ie: str = "") -> MetricDef:
     return MetricDef(name, MetricType.GAUGE, help, PORT_LABELS, infiniband_exporter=ie)
 
 
-def _port_counter(name: str, key: str, help: str, ie: str) -> MetricDef:
+def _port_counter(name: str, key: str, help: str, ie_suffix: str = "") -> MetricDef:
+    """A PMA counter, read from the PerfManager's ``totals[key]``.
+
+    Its infiniband_exporter counterpart is ``infiniband_{switch,hca}_port_`` followed by the
+    suffix of ``name`` after ``ibfm_port_``, or by ``ie_suffix`` where theirs differs.
+    """
+    ie = "infiniband_{switch,hca}_port_" + (ie_suffix or name.removeprefix("ibfm_port_"))
     return MetricDef(name, MetricType.COUNTER, help, PORT_LABELS, counter_key=key, infiniband_exporter=ie)
 
 
-def _ie(suffix: str) -> str:
-    return f"infiniband_{{switch,hca}}_port_{suffix}"
+def _device(name: str, type: MetricType, help: str, ie: str) -> MetricDef:
+    return MetricDef(name, type, help, DEVICE_LABELS, infiniband_exporter=ie)
 
 
 # -- per port: PortInfo (from the last heavy sweep) -------------------------------------------------
 
-PORT_STATE = _port_gauge(
-    "ibfm_port_state",
-    "PortInfo.PortState: 1 Down, 2 Init, 3 Armed, 4 Active.",
-)
-PORT_PHYSICAL_STATE = _port_gauge(
-    "ibfm_port_physical_state",
+PORT_STATE = _port_gauge("ibfm_port_state",
+    "PortInfo.PortState: 1 Down, 2 Init, 3 Armed, 4 Active.")
+PORT_PHYSICAL_STATE = _port_gauge("ibfm_port_physical_state",
     "PortInfo.PortPhysicalState: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 5 LinkUp, "
-    "6 LinkErrorRecovery, 7 PhyTest.",
-)
-PORT_WIDTH_LANES = _port_gauge(
-    "ibfm_port_width_lanes",
-    "Active link width in lanes (PortInfo.LinkWidthActive: 1, 2, 4, 8 or 12; 0 when the link is down).",
-)
-PORT_RATE_BYTES = _port_gauge(
-    "ibfm_port_rate_bytes_per_second",
+    "6 LinkErrorRecovery, 7 PhyTest.")
+PORT_WIDTH_LANES = _port_gauge("ibfm_port_width_lanes",
+    "Active link width in lanes (PortInfo.LinkWidthActive: 1, 2, 4, 8 or 12; 0 when the link is down).")
+PORT_RATE_BYTES = _port_gauge("ibfm_port_rate_bytes_per_second",
     "Data rate of the link in bytes per second: lanes x lane data rate after encoding "
-    "(4x NDR = 50e9); 0 when the link is down.",
-    "infiniband_{switch,hca}_rate_bytes_per_second",
-)
-PORT_MTU_BYTES = _port_gauge(
-    "ibfm_port_mtu_bytes",
-    "Active MTU of the port in bytes (PortInfo.NeighborMTU; 0 when not set).",
-)
+    "(4x NDR = 50e9); 0 when the link is down.", "infiniband_{switch,hca}_rate_bytes_per_second")
+PORT_MTU_BYTES = _port_gauge("ibfm_port_mtu_bytes",
+    "Active MTU of the port in bytes (PortInfo.NeighborMTU; 0 when not set).")
 
 # -- per port: the congestion model -----------------------------------------------------------------
 
-PORT_PREDICTED_UTILIZATION = _port_gauge(
-    "ibfm_port_predicted_utilization_ratio",
-    "Transmit utilization of the port (0..1) that the congestion model predicts for the current routes.",
-)
-PORT_PREDICTED_XMIT_WAIT = _port_gauge(
-    "ibfm_port_predicted_transmit_wait_per_second",
+PORT_PREDICTED_UTILIZATION = _port_gauge("ibfm_port_predicted_utilization_ratio",
+    "Transmit utilization of the port (0..1) that the congestion model predicts for the current routes.")
+PORT_PREDICTED_XMIT_WAIT = _port_gauge("ibfm_port_predicted_transmit_wait_per_second",
     "XmitWait ticks per second that the congestion model predicts; compare with "
-    "rate(ibfm_port_transmit_wait_total).",
-)
+    "rate(ibfm_port_transmit_wait_total).")
 
 # -- per port: PMA counters (PerfManager totals, 64-bit, never reset by ibfm) -----------------------
+# The second column is the PerfManager ``totals`` key.
 
-PORT_XMIT_DATA = _port_counter(
-    "ibfm_port_transmit_data_bytes_total", "xmit_data_bytes",
-    "Bytes transmitted (PortXmitData x 4).", _ie("transmit_data_bytes_total"))
-PORT_RCV_DATA = _port_counter(
-    "ibfm_port_receive_data_bytes_total", "rcv_data_bytes",
-    "Bytes received (PortRcvData x 4).", _ie("receive_data_bytes_total"))
-PORT_XMIT_PKTS = _port_counter(
-    "ibfm_port_transmit_packets_total", "xmit_pkts",
-    "Packets transmitted (PortXmitPkts).", _ie("transmit_packets_total"))
-PORT_RCV_PKTS = _port_counter(
-    "ibfm_port_receive_packets_total", "rcv_pkts",
-    "Packets received (PortRcvPkts).", _ie("receive_packets_total"))
-PORT_UNICAST_XMIT_PKTS = _port_counter(
-    "ibfm_port_unicast_transmit_packets_total", "unicast_xmit_pkts",
-    "Unicast packets transmitted (PortUnicastXmitPkts; 0 without the full PortCountersExtended).",
-    _ie("unicast_transmit_packets_total"))
-PORT_UNICAST_RCV_PKTS = _port_counter(
-    "ibfm_port_unicast_receive_packets_total", "unicast_rcv_pkts",
-    "Unicast packets received (PortUnicastRcvPkts; 0 without the full PortCountersExtended).",
-    _ie("unicast_receive_packets_total"))
-PORT_MULTICAST_XMIT_PKTS = _port_counter(
-    "ibfm_port_multicast_transmit_packets_total", "multicast_xmit_pkts",
-    "Multicast packets transmitted (PortMulticastXmitPkts; 0 without the full PortCountersExtended).",
-    _ie("multicast_transmit_packets_total"))
-PORT_MULTICAST_RCV_PKTS = _port_counter(
-    "ibfm_port_multicast_receive_packets_total", "multicast_rcv_pkts",
-    "Multicast packets received (PortMulticastRcvPkts; 0 without the full PortCountersExtended).",
-    _ie("multicast_receive_packets_total"))
-PORT_XMIT_WAIT = _port_counter(
-    "ibfm_port_transmit_wait_total", "xmit_wait",
-    "XmitWait ticks: clock ticks in which the port had data to send and no flow-control credit.",
-    _ie("transmit_wait_total"))
-PORT_SYMBOL_ERRORS = _port_counter(
-    "ibfm_port_symbol_errors_total", "symbol_errors",
-    "Minor link errors detected on a physical lane (SymbolErrorCounter).", _ie("symbol_error_total"))
-PORT_LINK_ERROR_RECOVERY = _port_counter(
-    "ibfm_port_link_error_recovery_total", "link_error_recovery",
-    "Successful link error recovery processes (LinkErrorRecoveryCounter).", _ie("link_error_recovery_total"))
-PORT_LINK_DOWNED = _port_counter(
-    "ibfm_port_link_downed_total", "link_downed",
-    "Times the link error recovery failed and the link went down (LinkDownedCounter).",
-    _ie("link_downed_total"))
-PORT_RCV_ERRORS = _port_counter(
-    "ibfm_port_receive_errors_total", "rcv_errors",
-    "Received packets containing an error (PortRcvErrors).", _ie("receive_errors_total"))
-PORT_RCV_REMOTE_PHYS_ERRORS = _port_counter(
-    "ibfm_port_receive_remote_physical_errors_total", "rcv_remote_phys_errors",
-    "Received packets marked with the EBP delimiter (PortRcvRemotePhysicalErrors).",
-    _ie("receive_remote_physical_errors_total"))
-PORT_RCV_SWITCH_RELAY_ERRORS = _port_counter(
-    "ibfm_port_receive_switch_relay_errors_total", "rcv_switch_relay_errors",
-    "Received packets discarded because they could not be forwarded (PortRcvSwitchRelayErrors).",
-    _ie("receive_switch_relay_errors_total"))
-PORT_XMIT_DISCARDS = _port_counter(
-    "ibfm_port_transmit_discards_total", "xmit_discards",
-    "Outbound packets discarded: port down or congestion (PortXmitDiscards).", _ie("transmit_discards_total"))
-PORT_XMIT_CONSTRAINT_ERRORS = _port_counter(
-    "ibfm_port_transmit_constraint_errors_total", "xmit_constraint_errors",
-    "Outbound packets not sent because of partition or rate-limit constraints (PortXmitConstraintErrors).",
-    _ie("transmit_constraint_errors_total"))
-PORT_RCV_CONSTRAINT_ERRORS = _port_counter(
-    "ibfm_port_receive_constraint_errors_total", "rcv_constraint_errors",
-    "Inbound packets discarded because of partition or rate-limit constraints (PortRcvConstraintErrors).",
-    _ie("receive_constraint_errors_total"))
+PORT_XMIT_DATA = _port_counter("ibfm_port_transmit_data_bytes_total", "xmit_data_bytes",
+    "Bytes transmitted (PortXmitData x 4).")
+PORT_RCV_DATA = _port_counter("ibfm_port_receive_data_bytes_total", "rcv_data_bytes",
+    "Bytes received (PortRcvData x 4).")
+PORT_XMIT_PKTS = _port_counter("ibfm_port_transmit_packets_total", "xmit_pkts",
+    "Packets transmitted (PortXmitPkts).")
+PORT_RCV_PKTS = _port_counter("ibfm_port_receive_packets_total", "rcv_pkts",
+    "Packets received (PortRcvPkts).")
+PORT_UNICAST_XMIT_PKTS = _port_counter("ibfm_port_unicast_transmit_packets_total", "unicast_xmit_pkts",
+    "Unicast packets transmitted (PortUnicastXmitPkts; 0 without the full PortCountersExtended).")
+PORT_UNICAST_RCV_PKTS = _port_counter("ibfm_port_unicast_receive_packets_total", "unicast_rcv_pkts",
+    "Unicast packets received (PortUnicastRcvPkts; 0 without the full PortCountersExtended).")
+PORT_MULTICAST_XMIT_PKTS = _port_counter("ibfm_port_multicast_transmit_packets_total", "multicast_xmit_pkts",
+    "Multicast packets transmitted (PortMulticastXmitPkts; 0 without the full PortCountersExtended).")
+PORT_MULTICAST_RCV_PKTS = _port_counter("ibfm_port_multicast_receive_packets_total", "multicast_rcv_pkts",
+    "Multicast packets received (PortMulticastRcvPkts; 0 without the full PortCountersExtended).")
+PORT_XMIT_WAIT = _port_counter("ibfm_port_transmit_wait_total", "xmit_wait",
+    "XmitWait ticks: clock ticks in which the port had data to send and no flow-control credit.")
+PORT_SYMBOL_ERRORS = _port_counter("ibfm_port_symbol_errors_total", "symbol_errors",
+    "Minor link errors detected on a physical lane (SymbolErrorCounter).", "symbol_error_total")
+PORT_LINK_ERROR_RECOVERY = _port_counter("ibfm_port_link_error_recovery_total", "link_error_recovery",
+    "Successful link error recovery processes (LinkErrorRecoveryCounter).")
+PORT_LINK_DOWNED = _port_counter("ibfm_port_link_downed_total", "link_downed",
+    "Times the link error recovery failed and the link went down (LinkDownedCounter).")
+PORT_RCV_ERRORS = _port_counter("ibfm_port_receive_errors_total", "rcv_errors",
+    "Received packets containing an error (PortRcvErrors).")
+PORT_RCV_REMOTE_PHYS_ERRORS = _port_counter("ibfm_port_receive_remote_physical_errors_total", "rcv_remote_phys_errors",
+    "Received packets marked with the EBP delimiter (PortRcvRemotePhysicalErrors).")
+PORT_RCV_SWITCH_RELAY_ERRORS = _port_counter("ibfm_port_receive_switch_relay_errors_total", "rcv_switch_relay_errors",
+    "Received packets discarded because they could not be forwarded (PortRcvSwitchRelayErrors).")
+PORT_XMIT_DISCARDS = _port_counter("ibfm_port_transmit_discards_total", "xmit_discards",
+    "Outbound packets discarded: port down or congestion (PortXmitDiscards).")
+PORT_XMIT_CONSTRAINT_ERRORS = _port_counter("ibfm_port_transmit_constraint_errors_total", "xmit_constraint_errors",
+    "Outbound packets not sent because of partition or rate-limit constraints (PortXmitConstraintErrors).")
+PORT_RCV_CONSTRAINT_ERRORS = _port_counter("ibfm_port_receive_constraint_errors_total", "rcv_constraint_errors",
+    "Inbound packets discarded because of partition or rate-limit constraints (PortRcvConstraintErrors).")
 PORT_LOCAL_LINK_INTEGRITY_ERRORS = _port_counter(
     "ibfm_port_local_link_integrity_errors_total", "local_link_integrity_errors",
-    "Times the local physical errors exceeded the threshold (LocalLinkIntegrityErrors).",
-    _ie("local_link_integrity_errors_total"))
+    "Times the local physical errors exceeded the threshold (LocalLinkIntegrityErrors).")
 PORT_EXCESSIVE_BUFFER_OVERRUN_ERRORS = _port_counter(
     "ibfm_port_excessive_buffer_overrun_errors_total", "excessive_buffer_overrun_errors",
-    "Times consecutive flow-control update periods had buffer overruns (ExcessiveBufferOverrunErrors).",
-    _ie("excessive_buffer_overrun_errors_total"))
-PORT_VL15_DROPPED = _port_counter(
-    "ibfm_port_vl15_dropped_total", "vl15_dropped",
-    "Incoming VL15 packets (SMPs) dropped for lack of buffers (VL15Dropped).", _ie("vl15_dropped_total"))
-PORT_QP1_DROPPED = _port_counter(
-    "ibfm_port_qp1_dropped_total", "qp1_dropped",
-    "GMPs to QP1 dropped (QP1Dropped).", _ie("qp1_dropped_total"))
+    "Times consecutive flow-control update periods had buffer overruns (ExcessiveBufferOverrunErrors).")
+PORT_VL15_DROPPED = _port_counter("ibfm_port_vl15_dropped_total", "vl15_dropped",
+    "Incoming VL15 packets (SMPs) dropped for lack of buffers (VL15Dropped).")
+PORT_QP1_DROPPED = _port_counter("ibfm_port_qp1_dropped_total", "qp1_dropped",
+    "GMPs to QP1 dropped (QP1Dropped).")
 
 PORT_COUNTERS: tuple[MetricDef, ...] = (
     PORT_XMIT_DATA,
@@ -267,112 +236,62 @@ PORT_PREDICTED: tuple[MetricDef, ...] = (PORT_PREDICTED_UTILIZATION, PORT_PREDIC
 
 # -- per device -------------------------------------------------------------------------------------
 
-DEVICE_UP = MetricDef(
-    "ibfm_device_up",
-    MetricType.GAUGE,
+DEVICE_UP = _device("ibfm_device_up", MetricType.GAUGE,
     "1 if the device answered the last heavy sweep and, once the PerfManager has swept, at least one of "
     "its counter queries in the last counter sweep; 0 otherwise.",
-    DEVICE_LABELS,
-    infiniband_exporter="(none: failures are counted per collector, infiniband_exporter_collect_errors)",
-)
-DEVICE_COLLECTION_ERRORS = MetricDef(
-    "ibfm_device_collection_errors_total",
-    MetricType.COUNTER,
+    "(none: failures are counted per collector, infiniband_exporter_collect_errors)")
+DEVICE_COLLECTION_ERRORS = _device("ibfm_device_collection_errors_total", MetricType.COUNTER,
     "PerfMgt MADs to the device answered with a bad status or an unexpected reply.",
-    DEVICE_LABELS,
-    infiniband_exporter="infiniband_exporter_collect_errors (per collector)",
-)
-DEVICE_COLLECTION_TIMEOUTS = MetricDef(
-    "ibfm_device_collection_timeouts_total",
-    MetricType.COUNTER,
+    "infiniband_exporter_collect_errors (per collector)")
+DEVICE_COLLECTION_TIMEOUTS = _device("ibfm_device_collection_timeouts_total", MetricType.COUNTER,
     "PerfMgt MADs to the device that stayed unanswered after every retry.",
-    DEVICE_LABELS,
-    infiniband_exporter="infiniband_exporter_collect_timeouts (per collector)",
-)
+    "infiniband_exporter_collect_timeouts (per collector)")
 DEVICE_METRICS: tuple[MetricDef, ...] = (DEVICE_UP, DEVICE_COLLECTION_ERRORS, DEVICE_COLLECTION_TIMEOUTS)
 
 # -- per subnet -------------------------------------------------------------------------------------
 
-SUBNET_UP = MetricDef(
-    "ibfm_subnet_up",
-    MetricType.GAUGE,
-    "1 if the last heavy sweep verified every route and programmed every switch; 0 otherwise or before it.",
-)
-LAST_SWEEP_TIMESTAMP = MetricDef(
-    "ibfm_last_sweep_timestamp_seconds",
-    MetricType.GAUGE,
-    "Unix time at which the last heavy sweep published its snapshot.",
-)
-SWEEP_NUMBER = MetricDef(
-    "ibfm_sweep_number",
-    MetricType.GAUGE,
-    "Number of the heavy sweep that produced the current snapshot (1 for the first).",
-)
-SWEEP_DURATION = MetricDef(
-    "ibfm_sweep_duration_seconds",
-    MetricType.HISTOGRAM,
-    "Duration of successful heavy sweeps (discovery to ports Active).",
-)
-SWEEP_FAILURES = MetricDef(
-    "ibfm_sweep_failures_total",
-    MetricType.COUNTER,
-    "Heavy sweeps that ended with a failed stage.",
-)
-SWEEP_PHASE_DURATION = MetricDef(
-    "ibfm_sweep_phase_duration_seconds",
-    MetricType.GAUGE,
-    "Duration of each stage of the last heavy sweep.",
-    ("phase",),
-)
-SWEEP_SMPS = MetricDef(
-    "ibfm_sweep_smps_total",
-    MetricType.COUNTER,
-    "SMPs sent by heavy sweeps (retries included).",
-)
-LFT_BLOCKS_SENT = MetricDef(
-    "ibfm_lft_blocks_sent_total",
-    MetricType.COUNTER,
-    "64-LID LinearForwardingTable blocks sent to switches (only blocks that changed are sent).",
-)
-LFT_BLOCKS_SKIPPED = MetricDef(
-    "ibfm_lft_blocks_skipped_total",
-    MetricType.COUNTER,
-    "LinearForwardingTable blocks left alone because the switch already held them.",
-)
-ROUTING_ENGINE = MetricDef(
-    "ibfm_routing_engine_info",
-    MetricType.GAUGE,
-    "The routing engine that computed the current LFTs (always 1).",
-    ("engine",),
-)
-NODES = MetricDef(
-    "ibfm_nodes",
-    MetricType.GAUGE,
-    "Nodes of the subnet by type.",
-    ("type",),
-)
-PORTS = MetricDef(
-    "ibfm_ports",
-    MetricType.GAUGE,
-    "Ports by PortState (every port but a switch's port 0).",
-    ("state",),
-)
-LINKS = MetricDef(
-    "ibfm_links",
-    MetricType.GAUGE,
-    "Cabled links by the lower PortState of their two ends.",
-    ("state",),
-)
-CREDIT_LOOPS = MetricDef(
-    "ibfm_credit_loops",
-    MetricType.GAUGE,
-    "Credit loops (cycles of the channel dependency graph) the current LFTs create; 0 is deadlock-free.",
-)
-UNREACHABLE_ROUTES = MetricDef(
-    "ibfm_unreachable_routes",
-    MetricType.GAUGE,
-    "Connected (source port, destination LID) pairs whose route fails in the current LFTs.",
-)
+SUBNET_UP = _metric("ibfm_subnet_up", MetricType.GAUGE, "",
+    "1 if the last heavy sweep verified every route and programmed every switch; 0 otherwise or before it.")
+LAST_SWEEP_TIMESTAMP = _metric("ibfm_last_sweep_timestamp_seconds", MetricType.GAUGE, "",
+    "Unix time at which the last heavy sweep published its snapshot.")
+SWEEP_NUMBER = _metric("ibfm_sweep_number", MetricType.GAUGE, "",
+    "Number of the heavy sweep that produced the current snapshot (1 for the first).")
+SWEEP_DURATION = _metric("ibfm_sweep_duration_seconds", MetricType.HISTOGRAM, "",
+    "Duration of successful heavy sweeps (discovery to ports Active).")
+SWEEP_FAILURES = _metric("ibfm_sweep_failures_total", MetricType.COUNTER, "",
+    "Heavy sweeps that ended with a failed stage.")
+SWEEP_PHASE_DURATION = _metric("ibfm_sweep_phase_duration_seconds", MetricType.GAUGE, "phase",
+    "Duration of each stage of the last heavy sweep.")
+SWEEP_SMPS = _metric("ibfm_sweep_smps_total", MetricType.COUNTER, "",
+    "SMPs sent by heavy sweeps (retries included).")
+LFT_BLOCKS_SENT = _metric("ibfm_lft_blocks_sent_total", MetricType.COUNTER, "",
+    "64-LID LinearForwardingTable blocks sent to switches (only blocks that changed are sent).")
+LFT_BLOCKS_SKIPPED = _metric("ibfm_lft_blocks_skipped_total", MetricType.COUNTER, "",
+    "LinearForwardingTable blocks left alone because the switch already held them.")
+ROUTING_ENGINE = _metric("ibfm_routing_engine_info", MetricType.GAUGE, "engine",
+    "The routing engine that computed the current LFTs (always 1).")
+NODES = _metric("ibfm_nodes", MetricType.GAUGE, "type",
+    "Nodes of the subnet by type.")
+PORTS = _metric("ibfm_ports", MetricType.GAUGE, "state",
+    "Ports by PortState (every port but a switch's port 0).")
+LINKS = _metric("ibfm_links", MetricType.GAUGE, "state",
+    "Cabled links by the lower PortState of their two ends.")
+CREDIT_LOOPS = _metric("ibfm_credit_loops", MetricType.GAUGE, "",
+    "Credit loops (cycles of the channel dependency graph) the current LFTs create; 0 is deadlock-free.")
+UNREACHABLE_ROUTES = _metric("ibfm_unreachable_routes", MetricType.GAUGE, "",
+    "Connected (source port, destination LID) pairs whose route fails in the current LFTs.")
+
+# -- the PerfManager --------------------------------------------------------------------------------
+
+PERFMGR_SWEEPS = _metric("ibfm_perfmgr_sweeps_total", MetricType.COUNTER, "",
+    "Counter sweeps the PerfManager completed.")
+PERFMGR_LAST_SWEEP_TIMESTAMP = _metric("ibfm_perfmgr_last_sweep_timestamp_seconds", MetricType.GAUGE, "",
+    "Unix time at which the last completed counter sweep started.")
+PERFMGR_SWEEP_DURATION = _metric("ibfm_perfmgr_sweep_duration_seconds", MetricType.GAUGE, "",
+    "Duration of the last counter sweep.")
+PERFMGR_PORTS_READ = _metric("ibfm_perfmgr_ports_read", MetricType.GAUGE, "",
+    "Ports whose counters were all read in the last counter sweep.")
+
 SUBNET_METRICS: tuple[MetricDef, ...] = (
     SUBNET_UP,
     LAST_SWEEP_TIMESTAMP,
@@ -389,29 +308,6 @@ SUBNET_METRICS: tuple[MetricDef, ...] = (
     LINKS,
     CREDIT_LOOPS,
     UNREACHABLE_ROUTES,
-)
-
-# -- the PerfManager --------------------------------------------------------------------------------
-
-PERFMGR_SWEEPS = MetricDef(
-    "ibfm_perfmgr_sweeps_total",
-    MetricType.COUNTER,
-    "Counter sweeps the PerfManager completed.",
-)
-PERFMGR_LAST_SWEEP_TIMESTAMP = MetricDef(
-    "ibfm_perfmgr_last_sweep_timestamp_seconds",
-    MetricType.GAUGE,
-    "Unix time at which the last completed counter sweep started.",
-)
-PERFMGR_SWEEP_DURATION = MetricDef(
-    "ibfm_perfmgr_sweep_duration_seconds",
-    MetricType.GAUGE,
-    "Duration of the last counter sweep.",
-)
-PERFMGR_PORTS_READ = MetricDef(
-    "ibfm_perfmgr_ports_read",
-    MetricType.GAUGE,
-    "Ports whose counters were all read in the last counter sweep.",
 )
 PERFMGR_METRICS: tuple[MetricDef, ...] = (
     PERFMGR_SWEEPS,

@@ -14,7 +14,7 @@ from fabric.formats.netfile import write_net
 from fabric.generate import fattree, ring
 from fabric.model import Fabric, Speed
 from ibfm.cli import main
-from sm.analysis.creditflow import (
+from sm.analysis.flowmodel import (
     CongestionReport,
     FlowModelError,
     ModelTraffic,

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from fabric.errors import IbfmError
 from fabric.model import Fabric, NodeType
+from sm.analysis.verify import route_tables, switch_channels
 from sm.lidmap import LidMap
 from sm.routing.base import Lft
 
@@ -106,18 +107,11 @@ def channel_dependency_graph(
     n = sw.size
     if lft.shape != (n, lids.max_lid + 1):
         raise IbfmError(f"LFT shape {lft.shape} does not match {n} switches x {lids.max_lid + 1} LIDs")
-    row_of = np.full(fabric.n_nodes, -1, np.int64)
-    row_of[sw] = np.arange(n)
+    t = route_tables(fabric, lids, lft)
+    chan_id, ch_row, ch_port = switch_channels(t)  # chan_id is indexed by any LFT entry value
+    n_ch = int(ch_row.size)
+    ch_peer_row = t.code[ch_row, ch_port].astype(np.int64)
     pmax = fabric.max_port + 1
-    up = fabric.up_mask()[sw]
-    peer_row = np.where(up, row_of[np.where(up, fabric.peer_node[sw], 0)], -1)
-    peer_row[:, 0] = -1
-    is_chan = peer_row >= 0
-    n_ch = int(is_chan.sum())
-    ch_row, ch_port = np.nonzero(is_chan)
-    chan_id = np.full((n, 256), -1, np.int64)  # indexed by any LFT entry value
-    chan_id[ch_row, ch_port] = np.arange(n_ch)
-    ch_peer_row = peer_row[ch_row, ch_port]
     # A dependency (c1 -> c2) is coded c1 * pmax + (port c2 leaves on); the switch is c1's peer.
     seen = np.zeros(n_ch * pmax, np.bool_)
     example = np.zeros(n_ch * pmax, np.int64)
@@ -330,47 +324,11 @@ def find_credit_loops(
     return loops
 
 
-# -- congestion model --------------------------------------------------------------------------------
-# The credit-based fluid model (max-min fair rates, link loads, predicted XmitWait, effective
-# bisection bandwidth, emulator traffic) lives in sm/analysis/flowmodel.py, traffic patterns in
-# sm/analysis/patterns.py; the model's names are re-exported here.
-
-from sm.analysis.flowmodel import (  # noqa: E402
-    CongestionReport,
-    DirectedLinks,
-    EbbReport,
-    FlowModelError,
-    FlowPaths,
-    HotLink,
-    MaxMin,
-    ModelTraffic,
-    congestion_count,
-    directed_links,
-    effective_bisection_bandwidth,
-    max_min_fair,
-    predict_congestion,
-    trace_flows,
-)
-
 __all__ = [
     "Channel",
     "ChannelDependencyGraph",
-    "CongestionReport",
     "CreditLoop",
-    "DirectedLinks",
-    "EbbReport",
-    "FlowModelError",
-    "FlowPaths",
-    "HotLink",
-    "MaxMin",
-    "ModelTraffic",
     "channel_dependency_graph",
-    "congestion_count",
     "cycle_core",
-    "directed_links",
-    "effective_bisection_bandwidth",
     "find_credit_loops",
-    "max_min_fair",
-    "predict_congestion",
-    "trace_flows",
 ]

@@ -521,6 +521,20 @@ def walk_routes(
     return final
 
 
+def switch_channels(t: RouteTables) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Directed inter-switch links (channels), numbered ``0..n-1`` in (row, port) order.
+
+    Returns ``chan_id[row, entry]``, the channel that LFT entry ``entry`` of
+    switch row ``row`` leaves on (-1 for every other of the 256 entry values),
+    and each channel's row and port; ``t.code[row, port]`` is the row it leads to.
+    """
+    is_chan = t.code >= 0
+    row, port = np.nonzero(is_chan)
+    chan_id = np.full(is_chan.shape, -1, np.int64)
+    chan_id[row, port] = np.arange(row.size)
+    return chan_id, row, port
+
+
 def entry_rows(
     fabric: Fabric, t: RouteTables, node: npt.NDArray[np.int64], port: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
@@ -614,10 +628,8 @@ def shift_quality(
         shifts = np.sort(rng.choice(shifts, size=max_shifts, replace=False))
     dst_lid = lids.base[ep[:, 0], ep[:, 1]].astype(np.int64)
     entry = entry_rows(fabric, t, ep[:, 0], ep[:, 1])
-    link_id = np.full((t.sw.size, 256), -1, np.int64)
-    is_link = t.code >= 0
-    n_links = int(is_link.sum())
-    link_id[is_link] = np.arange(n_links)
+    link_id, link_row, _ = switch_channels(t)
+    n_links = int(link_row.size)
     max_load, load_sum, max_sum, unrouted = 0, 0.0, 0.0, 0
     per_batch = max(1, pairs_per_batch // max(n_hosts, 1))
     hosts = np.arange(n_hosts, dtype=np.int64)
