@@ -156,6 +156,7 @@ def test_a_bounced_link_is_active_again(tmp_path: Path) -> None:
             sim.proc.command('Unlink "leaf-05"[5]')
             sim.proc.command('ReLink "leaf-05"[5]')
             took, counts = wait_until_active(sim, 10)
+            print(f"bounce: every port ACTIVE {took:.1f} s after ReLink")
             assert counts["Initialize"] == counts["Armed"] == 0, (took, counts, sm.lines[mark:])
             heavy = sm.wait_sweep(start=mark, timeout=10)
             assert heavy["subnet_up"], heavy
@@ -183,6 +184,7 @@ def test_a_link_storm_settles_fully_routed(tmp_path: Path) -> None:
             for link in sorted(down):
                 sim.proc.command(f'ReLink "{link[0]}"[{link[1]}]')
             took, counts = wait_until_active(sim, 30)
+            print(f"storm: every port ACTIVE {took:.1f} s after the last ReLink")
             assert counts["Initialize"] == counts["Armed"] == 0, (took, counts)
             # The flap damper may hold a port down for a while; then the storm's links are routed around.
             deadline = time.monotonic() + 30
@@ -215,6 +217,7 @@ def test_one_shot_bring_up_at_one_percent_mad_loss(tmp_path: Path) -> None:
         assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
         s = json.loads(cp.stdout)
         assert s["subnet_up"] and s["program"]["failures"] == [] and s["discovery_errors"] == [], s
+        print(f"1% loss: up in {s['up_s']} s, {s['smps']} SMPs, transport {s['transport']}")
         for name in fabric.names:
             sim.proc.command(f'Error "{name}" 0')
         judge_routes(sim, fabric)
@@ -270,6 +273,7 @@ def test_serve_repairs_a_cut_link_on_its_trap(tmp_path: Path) -> None:
                     break
                 time.sleep(0.1)
             assert seen is not None, (h, proc.stderr)
+            print(f"serve: cut link routed around {seen:.2f} s after Unlink (sweep timer 60 s)")
             host_guid = int(fabric.port_guid[fabric.by_name(CLIENT), 1])
             rb = read_back(client_env(sim), sim.work, host_guid)
             v = verify_routes(rb.fabric, rb.lids, rb.lft)
