@@ -91,7 +91,7 @@ async def light_sweep(
         # A switch that answered nothing is read again once its path is repaired.
         answered = {n for (n, _), info in ports.items() if info is not None}
         read.update(answered)
-        partial.update(n for (n, _), info in ports.items() if info is None and n in answered)
+        partial.update(n for (n, _), info in ports.items() if info is None)
         downs.extend(_diff(f, ports, out))
 
     def repair_paths() -> None:
@@ -123,9 +123,10 @@ async def light_sweep(
     await read_switches(changed - set(silent))  # a silent switch is read once its path is repaired
     if silent:
         # Paths through a link that just failed break; route around it in the model and ask again.
-        old = list(paths)
         repair_paths()
-        retry = [n for n in silent if paths[n] is not None and paths[n] != old[n]]
+        # Every silent switch still reachable in the model is asked once more: by its new path if the
+        # failed links changed it, else by the same one (its SwitchInfo may just have been lost).
+        retry = [n for n in silent if paths[n] is not None]
         again = await smp_batch(
             transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in retry], resend=1
         )
@@ -209,7 +210,7 @@ def _diff(
             out.changes.append(PortChange(n, p, is_up, info))
             if not is_up:
                 downs.append((n, p))
-        elif is_up and int(info["PortState"]) < int(f.state[n, p]):
+        elif is_up and int(info["PortState"]) == PortState.INIT and int(f.state[n, p]) > PortState.INIT:
             # Down and up again since the last sweep: the link retrained to INIT under a model
             # that has it ARMED or ACTIVE. Routes may stay; the port must be brought up again.
             out.changes.append(PortChange(n, p, True, info, bounced=True))
@@ -318,9 +319,10 @@ class FlapDamper:
             return True
         return False
 
-    def next_release(self) -> float | None:
-        """When the first hold ends (``time.monotonic`` clock), or None when nothing is held."""
-        return min(self.held_until.values(), default=None)
+    def next_release(self, now: float | None = None) -> float | None:
+        """When the first hold still running ends (``time.monotonic`` clock), or None when none runs."""
+        now = time.monotonic() if now is None else now
+        return min((t for t in self.held_until.values() if t > now), default=None)
 
     def flaps(self, key: tuple[int, int]) -> int:
         return len(self._seen.get(key, ()))

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy.ma  # noqa: F401 - np.unique imports it on first use (9 ms): at start, not mid-sweep
 
 from fabric.errors import IbfmError
-from fabric.mad import Method, SmpAttr, notice_unpack, parse_mad, trap_repress
+from fabric.mad import Method, MgmtClass, SmpAttr, notice_unpack, parse_mad, trap_repress
 from fabric.model import Fabric, NodeType
 from sm.analysis.creditflow import CreditLoop, find_credit_loops
 from sm.analysis.verify import VerifyReport, verify_routes
@@ -249,10 +249,14 @@ class FabricManager:
             good += 1
             if 0 < issuer < 0xC000:  # a unicast LID
                 self._trap_lids.add(issuer)
+                if m.mgmt_class != MgmtClass.SUBN_LID:
+                    continue  # a directed-route trap: its repress would need the return path; the sweep covers it
                 try:
                     self.transport.post(trap_repress(trap), issuer)
                 except (IbfmError, ValueError) as e:
-                    log.warning("cannot repress trap from LID %d: %s", issuer, e)
+                    self.bad_traps += 1
+                    if self.bad_traps & (self.bad_traps - 1) == 0:
+                        log.warning("cannot repress trap from LID %d (%d so far): %s", issuer, self.bad_traps, e)
         return good
 
     # -- sweeps -------------------------------------------------------------------
@@ -266,13 +270,14 @@ class FabricManager:
             self._take_traps(self.transport.pending_traps())  # every queued trap is covered by this sweep
             trap_lids, self._trap_lids = self._trap_lids, set()
             prev = self.snapshot
+            # Holds that ended are released whatever the sweep: a heavy one reads every port anyway.
+            released = self.damper.release_expired()
             # No switch seen last time (the SM's own link was down, say): nothing for a light sweep to
             # ask; a full discovery costs a few SMPs then and finds the fabric once the link is back.
             if prev is None or self._force_heavy or not prev.fabric.switches.size:
                 return await self._heavy(None, kind_changes=0, reasons=reasons)
             t0 = time.perf_counter()
             sent0 = self.transport.stats.sent
-            released = self.damper.release_expired()
             recheck = []
             for guid, port in released:
                 with contextlib.suppress(KeyError):
@@ -288,8 +293,11 @@ class FabricManager:
                 self._force_heavy = True
                 raise SweepError("light", f"light sweep failed: {e}") from e
             f = prev.fabric
+            held_before = self.damper.held()
             for c in light.changes:
                 key = (int(f.node_guid[c.node]), c.port)
+                if c.up and not c.bounced and key in held_before:
+                    continue  # a held port is out of the model: it reads "up" until released, no new flap
                 if self.damper.record(key):
                     self.events.emit(
                         PortHeldDown(
@@ -299,8 +307,11 @@ class FabricManager:
                         )
                     )
             held = self.damper.held()
+            # A held port coming up stays out; a held port that bounced must come out of the routes.
             relevant = [
-                c for c in light.changes if not (c.up and (int(f.node_guid[c.node]), c.port) in held)
+                c
+                for c in light.changes
+                if not (c.up and not c.bounced and (int(f.node_guid[c.node]), c.port) in held)
             ]
             if not relevant and not light.needs_full_discovery and not released:
                 self.events.emit(

@@ -34,7 +34,7 @@ from sm.lidmap import LidMap
 from sm.links import LinkPlan
 from sm.routing.base import NO_ROUTE, Lft
 from sm.sweep.discover import Discovery, Path
-from sm.transport.base import WindowedTransport
+from sm.transport.base import MadTimeout, WindowedTransport
 from sm.transport.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_batch_dr
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
@@ -241,7 +241,10 @@ async def _reread_refused(
     (status 0x1c, invalid attribute value): the state asked for is there
     all the same. ``res`` is updated in place: such rows become answers.
     """
-    rows = np.array(sorted(res.errors), np.intp)
+    # Only Sets answered with a status: one that timed out every round has a port that does not answer.
+    rows = np.array(sorted(r for r, e in res.errors.items() if not isinstance(e, MadTimeout)), np.intp)
+    if not rows.size:
+        return
     back = await smp_batch_dr(transport, Method.GET, SmpAttr.PORT_INFO, routes, which[rows], mods[rows])
     state = (back.data[:, 32] & 0x0F).astype(np.int64)
     same = ((back.data ^ data[rows]) & set_mask == 0).all(axis=1)

@@ -83,6 +83,10 @@ _MAX_CAS = 32
 _CA_MAX_PORTS = 10
 _UMAD2SIM_FD_SLOTS = 8
 """libumad2sim's umad descriptors per device (its FD_PER_DEVICE)."""
+_SINK_SLICE_S = 0.005
+"""Longest the receive thread spends at once on MADs of classes no agent of ours registered."""
+_REFUSALS_PER_S = 2000
+"""Most requests answered with an error status per second; a flood beyond is counted only."""
 
 
 # -- rdma-core umad.h layouts (ABI of libibumad.so.3) -------------------------
@@ -424,6 +428,8 @@ class UmadTransport(WindowedTransport):
         self._trap_sources: OrderedDict[bytes, MadAddress] = OrderedDict()
         self._spare_ports: list[int] = []
         self._sink = -1
+        self._refusal_tokens = float(_REFUSALS_PER_S)
+        self._refusal_t = time.monotonic()
         self.rx_errors = 0
         self.attrs: PortAttrs | None = None
 
@@ -749,6 +755,7 @@ class UmadTransport(WindowedTransport):
             if now >= next_check:
                 if self._sink >= 0:
                     self._drain_sink(buf, view, length, recv)
+                    now = monotonic()
                 try:
                     nxt = self._expire_due(now)
                 except Exception:
@@ -790,8 +797,18 @@ class UmadTransport(WindowedTransport):
         return True
 
     def _refuse_from(self, mad: bytes, src: MadAddress) -> None:
-        """Answer a request nobody here serves with an error status, back to where it came from."""
+        """Answer a request nobody here serves with an error status, back to where it came from.
+
+        At most ``_REFUSALS_PER_S`` answers a second (a token bucket): beyond that a flood is
+        only counted, and our own requests keep the port.
+        """
         self.stats.refused += 1
+        now = time.monotonic()
+        self._refusal_tokens = min(_REFUSALS_PER_S, self._refusal_tokens + (now - self._refusal_t) * _REFUSALS_PER_S)
+        self._refusal_t = now
+        if self._refusal_tokens < 1.0:
+            return
+        self._refusal_tokens -= 1.0
         answer = refusal(mad.ljust(MAD_SIZE, b"\0"))
         if answer is None or not src.lid or src.lid >= PERMISSIVE_LID:
             return
@@ -811,7 +828,8 @@ class UmadTransport(WindowedTransport):
         """Take every MAD waiting on libumad2sim's sink descriptor (classes with no agent) and refuse it."""
         plen = ctypes.byref(length)
         order = sys.byteorder
-        for _ in range(4096):
+        until = time.monotonic() + _SINK_SLICE_S  # a flood never holds up the answers to our own requests
+        while time.monotonic() < until:
             length.value = MAD_SIZE
             # umad_recv returns the MAD's agent id, -1 here (no agent has its class): whether a MAD
             # came is told by struct ib_user_mad.length, which libumad2sim writes for every MAD read.
