@@ -22,7 +22,11 @@ posted but not yet answered (a lower bound for OpenSM). SMPs: the SM's own count
 before the cut to just after the repair, so a timer light sweep may fall
 in. LFT blocks: ibfm's count of LFT Sets; for OpenSM its DEBUG log
 ("Writing FT block"), from a second run with ``-D 0x0B`` (DEBUG logging
-slows it, so that run gives no time). Every row is checked with
+slows it, so that run gives no time). OpenSM runs without ``-d2`` (a flush
+after every log message); its log is buffered, so the script follows it by
+sending SIGUSR1, which makes OpenSM reopen its log file (as for logrotate)
+and so flush it, from its otherwise idle main thread; the times come from the
+log's own timestamps. Every row is checked with
 ``ibroute`` of both switches at the cut: every LID routed, none through
 the cut port. Timings on a shared 2-core machine are noisy.
 
@@ -103,6 +107,8 @@ async def one(levels: int, radix: int, seed: int) -> dict[str, object]:
 
 SM_HOST = "host-00000"
 SWEEP_S = 1
+LOG_POLL_S = 0.025
+"""OpenSM's log: pause after asking it to flush, and again between reads (about 20 flushes a second)."""
 # ibsim 0.10 parses link rates up to QDR in net-file comments.
 SIM_SPEED = Speed.QDR
 _ROUTE_RE = re.compile(r"^0x([0-9a-f]{4}) (\d{3})\b", re.M)
@@ -193,7 +199,14 @@ def ibsim_ibfm(net: Path, fabric: Fabric, cut: Cut, work: Path) -> Row:
 
 
 class OpenSm:
-    """``opensm`` (not --once) under libumad2sim at the SM host, its log, and its local console."""
+    """``opensm`` (not --once) under libumad2sim at the SM host, its log, and its local console.
+
+    No ``-d2``: that flushes the log after every message, in the thread that logs,
+    and would slow the SM being timed. The log stays buffered, and :meth:`text` asks
+    for a flush with SIGUSR1 (OpenSM's main thread, idle in its console loop, then
+    reopens the log file, which flushes it). Without ``-e`` the reopened file is
+    appended to, not truncated; each run has its own fresh directory.
+    """
 
     def __init__(self, sim: IbsimProcess, work: Path, engine: str | None, debug: bool) -> None:
         self.work = work
@@ -204,8 +217,8 @@ class OpenSm:
         conf.write_text("")  # not /etc/opensm/opensm.conf
         env = sim.env(sim_host=SM_HOST)
         env["OSM_CACHE_DIR"] = str(work / "cache")
-        argv = ["opensm", "-F", str(conf), "-f", str(self.log), "-e", "-s", str(SWEEP_S), "-q", "local",
-                "--dump_files_dir", str(work / "dump"), "-D", "0x0B" if debug else "0x03", "-d2"]  # fmt: skip
+        argv = ["opensm", "-F", str(conf), "-f", str(self.log), "-s", str(SWEEP_S), "-q", "local",
+                "--dump_files_dir", str(work / "dump"), "-D", "0x0B" if debug else "0x03"]  # fmt: skip
         if engine:
             argv += ["-R", engine]
         self._out = bytearray()
@@ -224,7 +237,17 @@ class OpenSm:
                 self._cond.notify_all()
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        """The log so far, flushed first: SIGUSR1, then a pause for OpenSM's main thread to reopen the file.
+
+        The log file exists once OpenSM has blocked its signals (a SIGUSR1 before that would kill it);
+        one sent while they are blocked waits until its handlers are set up.
+        """
+        if not self.log.exists():
+            return ""
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGUSR1)
+            time.sleep(LOG_POLL_S)
+        return self.log.read_text(errors="replace")
 
     def wait_log(self, what: str, start: int = 0, timeout: float = 600.0) -> int:
         """Offset just past the first line containing ``what`` at or after ``start``."""
@@ -238,7 +261,7 @@ class OpenSm:
                 raise RuntimeError(f"opensm exited {self._proc.returncode}: {text[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no {what!r} in the OpenSM log within {timeout:.0f} s")
-            time.sleep(0.02)
+            time.sleep(LOG_POLL_S)
 
     def quiet(self, start: int, spell: float = 3.0, timeout: float = 600.0) -> int:
         """Wait until the log shows no new SUBNET UP for ``spell`` seconds; the offset then."""

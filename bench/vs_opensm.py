@@ -30,6 +30,13 @@ run: all ports INIT, no LIDs), attached at the first host's CA port, it prints:
   level, so for both the SM port's PortXmitPkts (PortCountersExtended, read with
   perfquery from ibsim's PMA right after the SM exits) counts the MADs that left
   the SM's port (SMPs to the SM's own CA never leave it);
+- OpenSM's P_Key traffic: with its defaults OpenSM also reads every port's P_Key table
+  (PKeyTable, attribute 0x0016), which ibfm does not program (it has no such attribute).
+  A second OpenSM run of each variant, on its own fresh ibsim, logs every SMP it sends
+  (``-D 0x21``: ERROR and FRAMES, each MAD dumped with its method and attribute) and
+  counts the PKeyTable Gets and Sets that left the port (DR hop count > 0), so the
+  timed run is not slowed by the logging; "w/o P_Key" is the timed run's port count
+  minus them, and the ratios are given both ways (``--no-pkey-count`` skips that run);
 - the engine actually used (OpenSM: the word before "tables configured");
 - route quality read back from the fabric: the LIDs from ``ibnetdiscover``, every
   switch's LFT from ``ibroute -n <switch lid>``, then ``sm.analysis.verify.shift_quality``
@@ -97,6 +104,10 @@ class Result:
     """What the SM says it sent (ibfm only)."""
     port_xmit_pkts: int | None = None
     """SM port PortXmitPkts from ibsim's PMA."""
+    pkey_smps: int | None = None
+    """PKeyTable SMPs (Get and Set) that left the SM's port: OpenSM's from its FRAMES-logging run; ibfm sends none."""
+    counted_smps: int | None = None
+    """Every SMP that left the SM's port in OpenSM's FRAMES-logging run (a check on port_xmit_pkts)."""
     shifts: int = 0
     total_shifts: int = 0
     max_load: int | None = None
@@ -195,6 +206,72 @@ def opensm_log_phases(log: str, res: Result, started: float | None = None) -> No
     res.ok = "up" in marks
 
 
+def opensm_argv(sm: str, work: Path, log: Path, roots_file: Path) -> list[str]:
+    """``opensm --once`` for an SM variant (osm-ftree, osm-ftree+roots, osm-minhop)."""
+    args = ["opensm", "--once", "-e", "-f", str(log), "--dump_files_dir", str(work)]
+    if sm.startswith("osm-ftree"):
+        args += ["-R", "ftree"]
+    if sm == "osm-ftree+roots":
+        args += ["-a", str(roots_file)]
+    return args
+
+
+_DUMP_FIELD = re.compile(r"^\t+(mgmt_class|method|hop_count|attr_id)\.+(0x[0-9a-fA-F]+)")
+_REQUESTS = {0x01, 0x02, 0x07}  # SubnGet, SubnSet, SubnTrapRepress: what OpenSM sends (it receives the rest)
+PKEY_TABLE = 0x0016
+
+
+def count_sent_smps(log: Path) -> tuple[int, int]:
+    """(every SMP, PKeyTable SMPs) OpenSM sent out of its port, from a log at FRAMES level.
+
+    Every MAD OpenSM sends or receives is dumped ("SMP dump:" then one tab-indented line
+    per header field); requests are the ones it sent. A directed-route SMP with hop count 0
+    goes to the SM's own CA and never leaves the port, so it is not counted, as
+    PortXmitPkts does not count it.
+    """
+    sent = pkey = 0
+
+    def close(rec: dict[str, int] | None) -> None:
+        nonlocal sent, pkey
+        if rec is None or rec.get("method") not in _REQUESTS:
+            return
+        if rec.get("mgmt_class") == 0x81 and rec.get("hop_count") == 0:
+            return
+        sent += 1
+        pkey += rec.get("attr_id") == PKEY_TABLE
+
+    rec: dict[str, int] | None = None
+    with log.open(errors="replace") as fh:
+        for line in fh:
+            if line.startswith("\t"):
+                if rec is not None and (m := _DUMP_FIELD.match(line)):
+                    rec.setdefault(m.group(1), int(m.group(2), 16))
+            elif line.strip():
+                close(rec)
+                rec = {} if line.rstrip().endswith("-> SMP dump:") else None
+    close(rec)
+    return sent, pkey
+
+
+def count_opensm_pkey(sm: str, net: Path, fabric: Fabric, work: Path, host: str, roots_file: Path,
+                      timeout: float, res: Result) -> None:  # fmt: skip
+    """OpenSM's PKeyTable SMPs: the same ``opensm --once`` on a fresh ibsim, logging every SMP (-D 0x21)."""
+    work.mkdir()
+    cache = work / "osm-cache"
+    cache.mkdir()
+    log = work / "opensm.log"
+    with IbsimProcess(net, extra_args=sim_args(fabric), start_timeout=600) as sim:
+        env = dict(sim.env(sim_host=host), OSM_CACHE_DIR=str(cache))
+        cp = run([*opensm_argv(sm, work, log, roots_file), "-D", "0x21"], env, work, timeout)
+    if cp.returncode != 0 or not log.exists():
+        res.notes.append(f"P_Key count: opensm exit {cp.returncode}")
+        return
+    res.counted_smps, res.pkey_smps = count_sent_smps(log)
+    log.unlink()
+    if res.port_xmit_pkts is not None and res.counted_smps != res.port_xmit_pkts:
+        res.notes.append(f"P_Key counting run sent {res.counted_smps} SMPs (timed run: {res.port_xmit_pkts})")
+
+
 def run_sm(sm: str, sim: IbsimProcess, work: Path, host: str, roots_file: Path, timeout: float) -> Result:
     res = Result("", sm)
     env = sim.env(sim_host=host)
@@ -216,6 +293,7 @@ def run_sm(sm: str, sim: IbsimProcess, work: Path, host: str, roots_file: Path, 
         res.up_s, res.sweep_s = s["up_s"], s["sweep_s"]
         res.start_up_s = round(s["up_at"] - started, 3)
         res.smps = s["smps"]
+        res.pkey_smps = 0  # ibfm has no PKeyTable attribute
         res.notes += [f"refused by {r['engine']}: {r['reason'][:100]}" for r in s["refused"]]
         res.notes += s["program"]["failures"][:3] + s["discovery_errors"][:3] + s["verify"]["failures"][:3]
         if not res.ok:
@@ -224,12 +302,7 @@ def run_sm(sm: str, sim: IbsimProcess, work: Path, host: str, roots_file: Path, 
     cache = work / "osm-cache"
     cache.mkdir(exist_ok=True)
     log = work / "opensm.log"
-    args = ["opensm", "--once", "-e", "-f", str(log), "--dump_files_dir", str(work)]
-    if sm.startswith("osm-ftree"):
-        args += ["-R", "ftree"]
-    if sm == "osm-ftree+roots":
-        args += ["-a", str(roots_file)]
-    cp = run(args, dict(env, OSM_CACHE_DIR=str(cache)), work, timeout)
+    cp = run(opensm_argv(sm, work, log, roots_file), dict(env, OSM_CACHE_DIR=str(cache)), work, timeout)
     res.wall_s = time.perf_counter() - t0
     if cp.returncode != 0:
         res.notes.append(f"opensm exit {cp.returncode}")
@@ -289,15 +362,17 @@ def bench_one(spec: str, degraded: bool, sms: Sequence[str], args: argparse.Name
                     # from another host so that its MADs leave by another port.
                     res.port_xmit_pkts = port_xmit_pkts(sim.env(sim_host=sm_host), work)
                     read_routes(sim, work, tool_host, tool_guid, args.workers, args.max_shifts, res)
-                out.append(res)
-                print_row(res, flush=True)
+            if sm.startswith("osm") and res.ok and not args.no_pkey_count:
+                count_opensm_pkey(sm, net, fabric, tdir / f"{sm}-count", sm_host, roots_file, args.timeout, res)
+            out.append(res)
+            print_row(res, flush=True)
 
 
 # -- output ---------------------------------------------------------------------------------------------
 
 HEADER = (
     f"{'fabric':<12} {'SM':<16} {'engine':<7} {'up s':>7} {'start>up':>8} {'sweep s':>8} {'wall s':>7} "
-    f"{'SMPs':>8} {'port pkts':>10} "
+    f"{'SMPs':>8} {'port pkts':>10} {'P_Key':>6} {'w/o P_Key':>9} "
     f"{'max':>4} {'mmax':>6} {'mean':>7} {'shifts':>11} {'unreach':>8} {'h-h':>5}  phases / notes"
 )
 
@@ -310,10 +385,12 @@ def print_row(r: Result, *, flush: bool = False) -> None:
 
     phases = " ".join(f"{k} {v:.2f}" for k, v in r.phases.items())
     shifts = f"{r.shifts}/{r.total_shifts}" if r.total_shifts else "-"
+    no_pkey = None if r.port_xmit_pkts is None or r.pkey_smps is None else r.port_xmit_pkts - r.pkey_smps
     print(
         f"{r.fabric:<12} {r.sm:<16} {r.engine:<7} {fmt(r.up_s, '7.3f')} {fmt(r.start_up_s, '8.3f')} "
         f"{fmt(r.sweep_s, '8.3f')} {r.wall_s:>7.2f} {fmt(r.smps, '8d')} "
-        f"{fmt(r.port_xmit_pkts, '10d')} {fmt(r.max_load, '4d')} {fmt(r.mean_max_load, '6.2f')} "
+        f"{fmt(r.port_xmit_pkts, '10d')} {fmt(r.pkey_smps, '6d')} {fmt(no_pkey, '9d')} "
+        f"{fmt(r.max_load, '4d')} {fmt(r.mean_max_load, '6.2f')} "
         f"{fmt(r.mean_load, '7.3f')} {shifts:>11} {fmt(r.unreachable, '8d')} "
         f"{fmt(r.host_pairs_unrouted, '5d')}  {phases}"
         + ("" if r.ok else "  NOT UP")
@@ -337,6 +414,9 @@ def print_ratios(results: Sequence[Result]) -> None:
             line += f"   start->up {best.start_up_s / mine[0].start_up_s:5.2f}x"
         if best.port_xmit_pkts and mine[0].port_xmit_pkts:
             line += f"   SMPs {best.port_xmit_pkts / mine[0].port_xmit_pkts:4.2f}x fewer"
+            if best.pkey_smps is not None:
+                no_pkey = (best.port_xmit_pkts - best.pkey_smps) / (mine[0].port_xmit_pkts - (mine[0].pkey_smps or 0))
+                line += f" ({no_pkey:4.2f}x without OpenSM's {best.pkey_smps} P_Key SMPs)"
         print(line)
 
 
@@ -360,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4, help="ibroute processes in parallel")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one SM run may take")
     p.add_argument("--readback-always", action="store_true", help="read routes back even when the SM failed")
+    p.add_argument("--no-pkey-count", action="store_true",
+                   help="skip the second OpenSM run that counts its PKeyTable SMPs (FRAMES logging)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write every result as JSON")
     args = p.parse_args(argv)
     missing = missing_ibsim_tools("ibnetdiscover", "ibroute", "perfquery", "opensm")
@@ -374,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown SM {bad[0]!r} (known: {', '.join(SMS)})")
     print("Timings are noisy: a shared 2-core machine, and ibsim (one single-threaded process) answers every MAD.")
     print("port pkts: PortXmitPkts of the SM's port (ibsim PMA); SMPs: what ibfm says it sent.")
+    print("P_Key: of those, PKeyTable SMPs (OpenSM: counted in a second run with -D 0x21; ibfm sends none); "
+          "w/o P_Key: port pkts minus them.")  # fmt: skip
     print(HEADER)
     results: list[Result] = []
     for spec in sizes:
