@@ -21,6 +21,7 @@ import numpy as np
 
 from fabric.formats.netfile import parse_net
 from fabric.model import Fabric
+from sm.analysis.verify import VerifyReport, verify_routes
 from sm.lidmap import LidMap
 from sm.routing.base import NO_ROUTE, Lft
 
@@ -46,6 +47,10 @@ class ReadBack:
     by_dr: list[str] = field(default_factory=list)
     """Switches whose LID is not routed from the reading host: their LFT was read by directed route."""
     notes: list[str] = field(default_factory=list)
+
+    def verify(self) -> VerifyReport:
+        """Every (end port, LID) pair traced on what the switches hold."""
+        return verify_routes(self.fabric, self.lids, self.lft)
 
 
 def dr_paths_from(f: Fabric, src: int) -> dict[int, str]:

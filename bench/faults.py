@@ -43,7 +43,6 @@ from fabric.formats.netfile import write_net  # noqa: E402
 from fabric.generate import fattree  # noqa: E402
 from fabric.ibsim import IbsimProcess, missing_ibsim_tools  # noqa: E402
 from fabric.model import Fabric, Speed  # noqa: E402
-from sm.analysis.verify import verify_routes  # noqa: E402
 
 SM_HOST = "host-00000"
 TOOL_HOST = "host-00001"
@@ -65,20 +64,15 @@ class Row:
     notes: list[str] = field(default_factory=list)
 
 
-def set_drop(sim: IbsimProcess, f: Fabric, rate: int) -> None:
-    for name in f.names:
-        sim.command(f'Error "{name}" {rate}')
-
-
 def judge(sim: IbsimProcess, f: Fabric, work: Path, row: Row) -> None:
-    set_drop(sim, f, 0)
+    sim.drop_mads(f.names, 0)
     host_guid = int(f.port_guid[f.by_name(TOOL_HOST), 1])
     try:
         rb = read_back(sim.env(sim_host=TOOL_HOST), work, host_guid)
     except RuntimeError as e:
         row.notes.append(str(e)[:160])
         return
-    v = verify_routes(rb.fabric, rb.lids, rb.lft)
+    v = rb.verify()
     row.unreachable, row.pairs = v.unreachable, v.pairs
     if rb.fabric.n_nodes != f.n_nodes:
         row.notes.append(f"ibnetdiscover sees {rb.fabric.n_nodes} of {f.n_nodes} nodes")
@@ -159,7 +153,7 @@ def bench(tree: str, rates: Sequence[int], sms: Sequence[str], timeout: float) -
                 work = Path(tmp) / f"{sm.replace(' ', '-')}-{rate}"
                 work.mkdir()
                 with IbsimProcess(net, extra_args=sim_args(f), start_timeout=300) as sim:
-                    set_drop(sim, f, rate)
+                    sim.drop_mads(f.names, rate)
                     run = {"ibfm once": ibfm_once, "ibfm daemon": ibfm_daemon, "opensm once": opensm_once}[sm]
                     row = run(sim, work, rate, timeout)
                     judge(sim, f, work, row)

@@ -77,7 +77,7 @@ from fabric.formats.netfile import write_net  # noqa: E402
 from fabric.generate import degrade, fattree  # noqa: E402
 from fabric.ibsim import IbsimProcess, ibsim_size_args, missing_ibsim_tools  # noqa: E402
 from fabric.model import Fabric, Speed  # noqa: E402
-from sm.analysis.verify import shift_quality, verify_routes  # noqa: E402
+from sm.analysis.verify import shift_quality  # noqa: E402
 
 # ibsim 0.10 knows link rates up to QDR in net-file comments.
 SIM_SPEED = Speed.QDR
@@ -325,7 +325,7 @@ def read_routes(
     res.notes += [f"switch {s} unreachable by LID; read by DR" for s in rb.by_dr[:3]]
     res.notes += [f"ibroute failed on {s}" for s in rb.unread[:3]] + rb.notes
     q = shift_quality(rb.fabric, rb.lids, rb.lft, max_shifts=max_shifts, seed=1)
-    v = verify_routes(rb.fabric, rb.lids, rb.lft)
+    v = rb.verify()
     res.shifts, res.total_shifts = q.shifts, q.total_shifts
     res.max_load, res.mean_max_load, res.mean_load = q.max_load, round(q.mean_max_load, 2), round(q.mean_load, 3)
     res.unreachable, res.pairs = v.unreachable, v.pairs

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 from fabric.errors import IbfmError
@@ -224,6 +224,11 @@ class IbsimProcess:
         end = self._wait_prompt(start, timeout)
         with self._cond:
             return self._buf[start:end].decode("utf-8", "replace")
+
+    def drop_mads(self, nodes: Iterable[str], percent: int) -> None:
+        """MADs dropped at each of ``nodes`` (node names), ``percent`` of them per hop (0 stops it)."""
+        for name in nodes:
+            self.command(f'Error "{name}" {percent}')
 
     def env(self, *, sim_host: str | None = None) -> dict[str, str]:
         """Environment for a child tool: LD_PRELOAD=libumad2sim.so and this IBSIM_SOCKNAME.

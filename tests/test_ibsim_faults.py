@@ -26,7 +26,6 @@ from bench._sm_runner import SmRunner
 from fabric.formats.netfile import read_net
 from fabric.generate import fattree
 from fabric.model import Fabric
-from sm.analysis.verify import verify_routes
 from tests.conftest import free_port, need_ibsim, stop_process
 from tests.test_ibsim_sm import REPO, SIM_SPEED, Sim, start_sim
 from tests.umad_probe import run_probe
@@ -43,7 +42,7 @@ def client_env(sim: Sim, host: str = CLIENT) -> dict[str, str]:
     return env
 
 
-def sm_port_lid(sim: Sim, fabric: Fabric, guid2lid: Path) -> int:
+def sm_port_lid(fabric: Fabric, guid2lid: Path) -> int:
     port_guid = int(fabric.port_guid[fabric.by_name(SM_HOST), 1])
     for line in guid2lid.read_text().splitlines():
         parts = line.split()
@@ -84,7 +83,7 @@ def judge_routes(sim: Sim, fabric: Fabric) -> None:
     rb = read_back(client_env(sim), sim.work, host_guid)
     assert rb.unread == [] and rb.by_dr == [], (rb.unread, rb.by_dr)
     assert rb.fabric.summary()["links"] == fabric.summary()["links"]
-    v = verify_routes(rb.fabric, rb.lids, rb.lft)
+    v = rb.verify()
     assert v.unreachable == 0, v.failures[:5]
 
 
@@ -98,7 +97,7 @@ def test_queries_and_hostile_mads_leave_the_sm_sweeping(tmp_path: Path) -> None:
         fabric = read_net(sim.netfile)
         with SmRunner(sim.proc, SM_HOST, sim.work / "sm", sweep_interval=SWEEP_S) as sm:
             sm.wait_sweep(up=True, timeout=30)
-            lid = sm_port_lid(sim, fabric, sm.guid2lid)
+            lid = sm_port_lid(fabric, sm.guid2lid)
             env = client_env(sim)
             queries = [
                 ["saquery", "-p", "--src-to-dst", f"{lid}:{lid + 1}"],
@@ -206,8 +205,7 @@ def test_one_shot_bring_up_at_one_percent_mad_loss(tmp_path: Path) -> None:
     need_ibsim("ibroute", "ibnetdiscover")
     with start_sim(tmp_path, fattree(3, 8, speed=SIM_SPEED), SM_HOST) as sim:
         fabric = read_net(sim.netfile)
-        for name in fabric.names:
-            sim.proc.command(f'Error "{name}" 1')
+        sim.proc.drop_mads(fabric.names, 1)
         g2l = sim.work / "guid2lid"
         cp = sim.run(
             [sys.executable, "-m", "ibfm.cli", "sm", "--transport", "umad", "--json", "--guid2lid", str(g2l)],
@@ -218,8 +216,7 @@ def test_one_shot_bring_up_at_one_percent_mad_loss(tmp_path: Path) -> None:
         s = json.loads(cp.stdout)
         assert s["subnet_up"] and s["program"]["failures"] == [] and s["discovery_errors"] == [], s
         print(f"1% loss: up in {s['up_s']} s, {s['smps']} SMPs, transport {s['transport']}")
-        for name in fabric.names:
-            sim.proc.command(f'Error "{name}" 0')
+        sim.proc.drop_mads(fabric.names, 0)
         judge_routes(sim, fabric)
 
 
@@ -276,7 +273,7 @@ def test_serve_repairs_a_cut_link_on_its_trap(tmp_path: Path) -> None:
             print(f"serve: cut link routed around {seen:.2f} s after Unlink (sweep timer 60 s)")
             host_guid = int(fabric.port_guid[fabric.by_name(CLIENT), 1])
             rb = read_back(client_env(sim), sim.work, host_guid)
-            v = verify_routes(rb.fabric, rb.lids, rb.lft)
+            v = rb.verify()
             assert v.unreachable == 0, v.failures[:5]
             assert rb.unread == [], rb.unread
             assert fabric.names[spine].startswith("spine")

@@ -152,6 +152,11 @@ class SubnetSnapshot:
         return self.verify.ok and self.program.ok and not self.discovery.errors
 
 
+
+def _rare(n: int) -> bool:
+    """True for the 1st, 2nd, 4th, 8th ... occurrence: what is logged of something any host can repeat."""
+    return n & (n - 1) == 0
+
 class FabricManager:
     """Owns the sweeps: one at a time, triggers merged, snapshots and events out."""
 
@@ -177,6 +182,8 @@ class FabricManager:
         self._trap_lids: set[int] = set()
         self.bad_traps = 0
         """Unsolicited MADs that looked like traps but were no readable Notice."""
+        self.repress_failures = 0
+        """TrapRepresses that could not be posted."""
 
     # -- triggers ---------------------------------------------------------------
 
@@ -243,7 +250,7 @@ class FabricManager:
                 issuer = int(notice_unpack(m.data)["IssuerLID"])
             except (IbfmError, ValueError, KeyError, IndexError) as e:
                 self.bad_traps += 1
-                if self.bad_traps & (self.bad_traps - 1) == 0:  # the 1st, 2nd, 4th, 8th ...
+                if _rare(self.bad_traps):
                     log.warning("unreadable trap ignored (%d so far): %s", self.bad_traps, e)
                 continue
             good += 1
@@ -254,9 +261,10 @@ class FabricManager:
                 try:
                     self.transport.post(trap_repress(trap), issuer)
                 except (IbfmError, ValueError) as e:
-                    self.bad_traps += 1
-                    if self.bad_traps & (self.bad_traps - 1) == 0:
-                        log.warning("cannot repress trap from LID %d (%d so far): %s", issuer, self.bad_traps, e)
+                    self.repress_failures += 1
+                    if _rare(self.repress_failures):
+                        n = self.repress_failures
+                        log.warning("cannot repress trap from LID %d (%d so far): %s", issuer, n, e)
         return good
 
     # -- sweeps -------------------------------------------------------------------

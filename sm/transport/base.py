@@ -60,7 +60,7 @@ def is_trap(mad: bytes) -> bool:
 
 
 def refusal(mad: bytes, *, class_version: int | None = None) -> bytes | None:
-    """The answer that refuses request ``mad`` (a 256-byte MAD), or None when it wants no answer.
+    """The 256-byte answer that refuses request ``mad``, or None when it wants no answer.
 
     As the kernel's MAD layer answers a request no agent takes: the
     request's header with the response method and status "unsupported

@@ -670,8 +670,8 @@ class UmadTransport(WindowedTransport):
         if view is None or self._portid < 0:
             raise TransportError("transport not started")
         n = len(mad)
-        if n > MAD_SIZE or n < 24:
-            raise ValueError(f"MAD of {n} bytes; expected 24..{MAD_SIZE}")
+        if n > MAD_SIZE or n < MAD_HEADER_SIZE:
+            raise ValueError(f"MAD of {n} bytes; expected {MAD_HEADER_SIZE}..{MAD_SIZE}")
         mclass = mad[1]
         addr: tuple[int, int, int]
         if mclass == MGMT_CLASS_SUBN_DR:
@@ -809,7 +809,7 @@ class UmadTransport(WindowedTransport):
         if self._refusal_tokens < 1.0:
             return
         self._refusal_tokens -= 1.0
-        answer = refusal(mad.ljust(MAD_SIZE, b"\0"))
+        answer = refusal(mad)
         if answer is None or not src.lid or src.lid >= PERMISSIVE_LID:
             return
         if answer[1] == MGMT_CLASS_SUBN_LID:
