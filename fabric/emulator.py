@@ -42,7 +42,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
@@ -53,9 +53,11 @@ from fabric.errors import IbfmError
 from fabric.mad import (
     CLASS_PORT_INFO,
     NODE_INFO,
+    PERMISSIVE_LID,
     PORT_COUNTERS,
     PORT_COUNTERS_EXT,
     PORT_INFO,
+    RETURN_PATH_OFFSET,
     SM_INFO,
     SWITCH_INFO,
     FieldValueError,
@@ -138,6 +140,14 @@ _LSE_ACT = [0] + [SPEED_TO_PORTINFO[s][1] for s in Speed]
 _PI_LOCAL_PORT = PORT_INFO.field("LocalPortNum").offset // 8
 _NI_PORT_GUID = NODE_INFO.field("PortGUID").offset // 8
 _NI_LOCAL_PORT = NODE_INFO.field("LocalPortNum").offset // 8
+
+_HANDED_ON = b""
+"""``_process_*`` result: the request went to a client, whose answer comes later."""
+_SA_CLASS = 0x03
+_DEVICE_CLASSES = (int(MgmtClass.SUBN_LID), int(MgmtClass.SUBN_DR), int(MgmtClass.PERF))
+"""Classes the devices answer (or refuse) themselves; GMPs of any other go to clients."""
+_RMPP_CONTROL = (2, 3, 4)
+"""RMPPType ACK, STOP, ABORT: what the receiver of a multi-segment answer sends its sender."""
 
 _GET = int(Method.GET)
 _SET = int(Method.SET)
@@ -276,6 +286,31 @@ class SmRecord:
     state: SmState = SmState.NOT_ACTIVE
 
 
+RequestHandler = Callable[[bytes, "Endpoint", int], None]
+"""A client's taker of requests: (the MAD as it arrives, the sender's endpoint, the sender's LID or
+0xFFFF for a directed-route SMP)."""
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """A client attached to an end port, as a process is attached to ibsim as that node.
+
+    MADs it sends leave from its port (:meth:`EmulatedFabric.process` with
+    ``src=``); requests the devices do not answer themselves (SMInfo, and
+    GMPs of classes other than PerfMgt: SA queries, Reports) reach it through
+    ``on_request`` when they are addressed to its port; answers to it come
+    through ``on_reply`` (:meth:`EmulatedFabric.reply`), and traps toward its
+    LID land in ``traps``.
+    """
+
+    node: int
+    port: int
+    traps: deque[bytes] = field(default_factory=deque)
+    on_trap: Callable[[], None] | None = None
+    on_request: RequestHandler | None = None
+    on_reply: Callable[[bytes], None] | None = None
+
+
 @dataclass
 class LocalPort:
     """Where the SM sits: its node and port, their GUIDs and the port's current LID."""
@@ -338,10 +373,12 @@ class EmulatedFabric:
         """Fraction of request MADs silently dropped (ibsim's ``Error`` command)."""
         self._rng = random.Random(seed)
         self.stats = EmulatorStats()
-        self.traps: deque[bytes] = deque()
-        """Trap MADs (LID-routed Notices) that reached the SM, oldest first."""
-        self.on_trap: Callable[[], None] | None = None
-        """Called after a trap is appended to :attr:`traps` (a transport drains them)."""
+        self.primary = Endpoint(sm_node, sm_port)
+        """The SM's own attachment: MADs without ``src=`` leave from here."""
+        self._endpoints: dict[int, Endpoint] = {sm_node * pp + sm_port: self.primary}
+        """Attached clients by ``node * stride + port`` (port 0 on a switch)."""
+        self._issm: set[tuple[int, int]] = set()
+        """Ports whose client raised IsSM (as opening issm does)."""
         self.time = 0.0
         """Seconds of traffic accumulated by :meth:`advance`."""
 
@@ -509,6 +546,106 @@ class EmulatedFabric:
         return int(self.fabric.lid[self.sm_node, self.sm_port])
 
     @property
+    def traps(self) -> deque[bytes]:
+        """Trap MADs (LID-routed Notices) that reached the SM's own port, oldest first."""
+        return self.primary.traps
+
+    @property
+    def on_trap(self) -> Callable[[], None] | None:
+        """Called after a trap is appended to :attr:`traps` (a transport drains them)."""
+        return self.primary.on_trap
+
+    @on_trap.setter
+    def on_trap(self, fn: Callable[[], None] | None) -> None:
+        self.primary.on_trap = fn
+
+    # -- clients ----------------------------------------------------------------------
+
+    def attach(self, node: int, port: int = 1) -> Endpoint:
+        """Attach a client at ``(node, port)`` (port 0 on a switch): another host or a second SM.
+
+        The SM's own port is :attr:`primary`; attaching there returns it.
+        """
+        f = self.fabric
+        if not 0 <= node < self._n:
+            raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
+        if self._is_sw[node]:
+            port = 0
+        elif not f.port_exists[node, port] or port == 0:
+            raise EmulatorError(f"{f.port_name(node, port)}: no such port")
+        key = node * self._P + port
+        ep = self._endpoints.get(key)
+        if ep is None:
+            ep = self._endpoints[key] = Endpoint(node, port)
+        return ep
+
+    def detach(self, ep: Endpoint) -> None:
+        """The client goes away: requests to its port are dropped again, its IsSM falls."""
+        if ep is self.primary:
+            raise EmulatorError("the SM's own port stays attached")
+        self._endpoints.pop(ep.node * self._P + ep.port, None)
+        self.set_issm(ep, False)
+
+    def set_issm(self, ep: Endpoint, on: bool = True) -> None:
+        """Raise or lower IsSM in the CapabilityMask of the client's port (as holding issm does)."""
+        key = (ep.node, ep.port)
+        if on == (key in self._issm):
+            return
+        if on:
+            self._issm.add(key)
+        else:
+            self._issm.discard(key)
+        self._forget_port_info(ep.node, ep.port)
+
+    def endpoint_lid(self, ep: Endpoint) -> int:
+        """The client port's current base LID (0 before an SM gives it one)."""
+        return int(self.fabric.lid[ep.node, ep.port])
+
+    def _client_at(self, node: int, in_port: int) -> Endpoint | None:
+        """The client that takes requests at the end port a MAD arrived on, if any."""
+        e = 0 if self._is_sw[node] else in_port
+        ep = self._endpoints.get(node * self._P + e)
+        return ep if ep is not None and ep.on_request is not None else None
+
+    def reply(self, src: Endpoint, mad: bytes, to: Endpoint, to_lid: int) -> bool:
+        """A client's answer to a request of client ``to`` (whose LID was ``to_lid``, 0xFFFF for a
+        directed-route SMP, which goes back the way it came). LID-routed answers follow the LFTs and
+        are lost where a request would be. RMPP ACK, STOP and ABORT (response-method MADs of the
+        sender of a multi-segment answer) go to ``to``'s request taker. Returns whether it arrived.
+        """
+        st = self.stats
+        st.received += 1
+        if len(mad) < 24 or to.node * self._P + to.port not in self._endpoints:
+            st.dropped += 1
+            return False
+        if self.drop_rate > 0.0 and self._rng.random() < self.drop_rate:
+            st.dropped += 1
+            return False
+        if to_lid != PERMISSIVE_LID:
+            src_lid = self.endpoint_lid(src)
+            data_vl = mad[1] not in (MgmtClass.SUBN_LID, MgmtClass.SUBN_DR)
+            if not src_lid:
+                st.dropped += 1
+                return False
+            end = self._walk_lid(src.node, src.port, to_lid, data_vl)
+            e = None if end is None else (0 if self._is_sw[end[0]] else end[1])
+            if end is None or end[0] != to.node or e != to.port:
+                st.dropped += 1
+                return False
+        else:
+            src_lid = PERMISSIVE_LID
+        st.answered += 1
+        if mad[3] & 0x80 and mad[1] == _SA_CLASS and len(mad) > 25 and mad[25] in _RMPP_CONTROL:
+            if to.on_request is not None:
+                to.on_request(mad, src, src_lid)
+                return True
+            st.dropped += 1
+            return False
+        if to.on_reply is not None:
+            to.on_reply(mad)
+        return True
+
+    @property
     def local_port(self) -> LocalPort:
         """The SM's attachment: node and port, their GUIDs, its current LID."""
         f = self.fabric
@@ -537,15 +674,27 @@ class EmulatedFabric:
 
     # -- MAD entry point --------------------------------------------------------------
 
-    def process(self, mad: bytes, dlid: int | None = None) -> bytes | None:
+    def process(self, mad: bytes, dlid: int | None = None, *, src: Endpoint | None = None) -> bytes | None:
         """Answer one request MAD; None when it is dropped on the way (or is not answered).
 
-        ``dlid`` is the destination LID of LID-routed SMPs and PerfMgt MADs (the LRH is
+        ``dlid`` is the destination LID of LID-routed SMPs and GMPs (the LRH is
         not part of the MAD); directed-route SMPs carry their path and ignore it.
+        ``src`` is the client sending it (default: the SM's own port). A request
+        that reaches a client's port and is the client's to answer (SMInfo, a
+        GMP of a class other than PerfMgt) goes to that client's ``on_request``
+        and None is returned here: its answer comes through :meth:`reply`.
         """
+        if src is None:
+            src = self.primary
         st = self.stats
         st.received += 1
         if self.drop_rate > 0.0 and self._rng.random() < self.drop_rate:
+            st.dropped += 1
+            return None
+        if len(mad) >= 24 and mad[1] not in _DEVICE_CLASSES and dlid is not None:
+            # A GMP no device answers (SA, or a client's own class): to the client at its DLID, if any.
+            if self._to_client(mad, dlid, src):
+                return None
             st.dropped += 1
             return None
         try:
@@ -560,27 +709,56 @@ class EmulatedFabric:
             st.trap_represses += 1
             return None  # the switch stops repeating; a TrapRepress has no response
         if m.mgmt_class == MgmtClass.SUBN_DR:
-            reply = self._process_dr(m)
+            reply = self._process_dr(m, src)
         else:
             if dlid is None:
                 raise EmulatorError(
                     f"MAD class {m.mgmt_class:#04x} attribute {m.attr_id:#06x} is LID routed: give its DLID"
                 )
-            reply = self._process_lid(m, dlid)
+            reply = self._process_lid(m, dlid, src)
+        if reply is _HANDED_ON:
+            return None
         if reply is None:
             st.dropped += 1
         else:
             st.answered += 1
         return reply
 
-    def _process_dr(self, m: Mad) -> bytes | None:
+    def _to_client(self, mad: bytes, dlid: int, src: Endpoint) -> bool:
+        """Carry a GMP (requests, and RMPP ACKs, which travel as responses) to the client owning
+        ``dlid``; False when it is lost on the way or nobody listens there."""
+        src_lid = int(self.fabric.lid[src.node, src.port])
+        if not src_lid:
+            return False
+        end = self._walk_lid(src.node, src.port, dlid, True)
+        if end is None:
+            return False
+        client = self._client_at(*end)
+        if client is None or client is src:
+            return False
+        if mad[3] & 0x80 and not (mad[1] == _SA_CLASS and len(mad) > 25 and mad[25] in _RMPP_CONTROL):
+            return False  # an answer goes through reply(), to the client that asked
+        client.on_request(mad, src, src_lid)  # type: ignore[misc]
+        self.stats.answered += 1
+        return True
+
+    def _process_dr(self, m: Mad, src: Endpoint) -> bytes | None:
         # DrSLID/DrDLID are not looked at: every DR SMP is taken as directed all the way.
         if m.d_bit or m.hop_ptr != 0:
             return None
-        walk = self._walk_dr(m.initial_path)
+        walk = self._walk_dr(m.initial_path, src)
         if walk is None:
             return None
         node, in_port, ret, links = walk
+        if m.attr_id == SmpAttr.SM_INFO:
+            client = self._client_at(node, in_port)
+            if client is not None and client is not src:
+                # As the destination sees it: the return path recorded, the hop pointer at the end.
+                buf = bytearray(m.raw)
+                buf[RETURN_PATH_OFFSET + 1 : RETURN_PATH_OFFSET + 1 + len(ret)] = bytes(ret)
+                buf[6] = len(ret)
+                client.on_request(bytes(buf), src, PERMISSIVE_LID)  # type: ignore[misc]
+                return _HANDED_ON
         data, status = self._answer(m, self._smp_handlers, node, in_port)
         flags = self._flags
         for k in links:  # the Set may have taken a link of the way back down
@@ -588,13 +766,13 @@ class EmulatedFabric:
                 return None
         return make_response(m.raw, data, status, return_path=ret)
 
-    def _walk_dr(self, path: tuple[int, ...]) -> tuple[int, int, list[int], list[int]] | None:
+    def _walk_dr(self, path: tuple[int, ...], src: Endpoint) -> tuple[int, int, list[int], list[int]] | None:
         """End node, its ingress port, ReturnPath[1..] and the ports passed; None = dropped."""
-        node = self.sm_node
+        node = src.node
         if not path:
-            return node, self.sm_port, [], []
+            return node, src.port, [], []
         is_sw = self._is_sw
-        if not is_sw[node] and path[0] != self.sm_port:
+        if not is_sw[node] and path[0] != src.port:
             return None  # a CA sends only out of the port the SM is bound to (C14-9:1)
         nports, flags, pn, pp, stride = self._nports, self._flags, self._pn, self._pp, self._P
         ret: list[int] = []
@@ -616,21 +794,31 @@ class EmulatedFabric:
             return None
         return node, q, ret, links
 
-    def _process_lid(self, m: Mad, dlid: int) -> bytes | None:
-        data_vl = m.mgmt_class == MgmtClass.PERF
-        sm_lid = self.sm_lid
-        if not sm_lid:
+    def _process_lid(self, m: Mad, dlid: int, src: Endpoint) -> bytes | None:
+        data_vl = m.mgmt_class != MgmtClass.SUBN_LID
+        src_lid = int(self.fabric.lid[src.node, src.port])
+        if not src_lid:
             return None  # a port without a LID cannot source LID-routed packets
-        sm_key = self.sm_node * self._P + self.sm_port
-        end = self._walk_lid(self.sm_node, self.sm_port, dlid, data_vl)
+        src_key = src.node * self._P + src.port
+        end = self._walk_lid(src.node, src.port, dlid, data_vl)
         if end is None:
             return None
         node, in_port = end
-        handlers = self._perf_handlers if data_vl else self._smp_handlers
+        device = m.mgmt_class == MgmtClass.PERF or (
+            m.mgmt_class == MgmtClass.SUBN_LID and m.attr_id != SmpAttr.SM_INFO
+        )
+        if not device:
+            client = self._client_at(node, in_port)
+            if client is not None and client is not src:
+                client.on_request(m.raw, src, src_lid)  # type: ignore[misc]
+                return _HANDED_ON
+            if m.mgmt_class != MgmtClass.SUBN_LID:
+                return None  # a GMP for a port where nobody listens
+        handlers = self._perf_handlers if m.mgmt_class == MgmtClass.PERF else self._smp_handlers
         data, status = self._answer(m, handlers, node, in_port)
         own = 0 if self._is_sw[node] else in_port
-        back = self._walk_lid(node, own, sm_lid, data_vl)
-        if back is None or back[0] != self.sm_node or int(self._lid_owner[sm_lid]) != sm_key:
+        back = self._walk_lid(node, own, src_lid, data_vl)
+        if back is None or int(self._lid_owner[src_lid]) != src_key:
             return None
         return make_response(m.raw, data, status)
 
@@ -827,7 +1015,7 @@ class EmulatedFabric:
         speed = int(f.speed_active[node, port])
         cap = int(f.speed_cap[node, port])
         caps = int(self.capability_mask[node, port])
-        if (node, e) in self.sm_info:
+        if (node, e) in self.sm_info or (node, e) in self._issm:
             caps |= int(PortCap.IS_SM)
         return PORT_INFO.pack(
             {
@@ -876,7 +1064,7 @@ class EmulatedFabric:
         port = np.tile(np.arange(pp), n)
         e = np.where(f.node_type[node] == NodeType.SWITCH, 0, port)
         caps = self.capability_mask[node, port].astype(np.uint64)
-        for nd, pt in self.sm_info:
+        for nd, pt in {*self.sm_info, *self._issm}:
             caps[(node == nd) & (e == pt)] |= np.uint64(PortCap.IS_SM)
         speed = f.speed_active[node, port].astype(np.intp)
         cap = f.speed_cap[node, port].astype(np.intp)
@@ -1256,16 +1444,17 @@ class EmulatedFabric:
         f = self.fabric
         lid = int(f.lid[sw, 0])
         sm_lid = int(self.master_sm_lid[sw, 0])
-        sm_key = self.sm_node * self._P + self.sm_port
         end = self._walk_lid(sw, 0, sm_lid, False) if lid and sm_lid else None
-        if end is None or end[0] != self.sm_node or int(self._lid_owner[sm_lid]) != sm_key:
+        owner = int(self._lid_owner[sm_lid]) if end is not None else -1
+        ep = self._endpoints.get(owner) if owner >= 0 else None
+        if ep is None or end is None or end[0] != ep.node:
             self.stats.traps_dropped += 1
             return
         self._trap_tid = self._trap_tid + 1 if self._trap_tid < 0xFFFFFFFF else 1
-        self.traps.append(trap_mad(trap128_pack(lid), self._trap_tid))
+        ep.traps.append(trap_mad(trap128_pack(lid), self._trap_tid))
         self.stats.traps_sent += 1
-        if self.on_trap is not None:
-            self.on_trap()
+        if ep.on_trap is not None:
+            ep.on_trap()
 
     # -- counters -------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fabric.emulator import EmulatedFabric
+from fabric.emulator import EmulatedFabric, Endpoint
 from fabric.generate import fattree
 from fabric.mad import (
     NODE_INFO,
@@ -75,9 +75,9 @@ async def test_window_bounds_outstanding_requests() -> None:
     seen: list[int] = []
     process = emu.process
 
-    def counting(mad: bytes, dlid: int | None = None) -> bytes | None:
+    def counting(mad: bytes, dlid: int | None = None, *, src: Endpoint | None = None) -> bytes | None:
         seen.append(len(t._pending))
-        return process(mad, dlid)
+        return process(mad, dlid, src=src)
 
     emu.process = counting  # type: ignore[method-assign]
     paths = [emu.dr_path(n) for n in range(emu.fabric.n_nodes)] * 4

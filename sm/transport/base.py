@@ -9,8 +9,11 @@ outstanding requests, per-request timeout and retries, TID assignment and
 matching on the low 32 bits (the kernel owns the high 32), counters.
 A subclass only posts bytes (``_post``) and hands what arrives to
 ``_deliver``: answers complete their requests, traps go to the trap queue,
-and any other request (a Get of a class nobody here serves, garbage from a
-hostile host) goes to ``_refuse``, which answers it with an error status
+and any other request goes to the SM's services when one is being served
+(:meth:`WindowedTransport.serve`: SMInfo from peer SMs, SA queries from
+hosts), which answer through :meth:`WindowedTransport.reply`. A request
+nobody takes (a Get of a class nobody here serves, garbage from a hostile
+host) goes to ``_refuse``, which answers it with an error status
 (:func:`refusal`) where the transport can, and is counted either way.
 Nothing that arrives is trusted to be longer than its 24-byte header.
 """
@@ -19,16 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import struct
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fabric.errors import IbfmError
+
+log = logging.getLogger(__name__)
 
 Route = tuple[int, ...] | int
 
@@ -79,6 +85,27 @@ def refusal(mad: bytes, *, class_version: int | None = None) -> bytes | None:
     return head.ljust(MAD_SIZE, b"\0")
 
 
+@dataclass(frozen=True)
+class MadAddress:
+    """Where a MAD came from, enough to answer it: the sender's LID, QP, Q_Key, SL and P_Key index.
+
+    ``lid`` is 0xFFFF for a directed-route SMP (answered back along its return path).
+    ``via`` is the transport's own handle on the sender (the emulator's client), if it has one.
+    """
+
+    lid: int
+    qpn: int
+    qkey: int
+    sl: int = 0
+    pkey_index: int = 0
+    via: object = field(default=None, compare=False, repr=False)
+
+
+Responder = Callable[[bytes, MadAddress], bool]
+"""A service for requests that arrive (``serve``): called on the event loop with the MAD and its
+sender; returns True when it takes the MAD (it answers through ``reply``), False to have it refused."""
+
+
 class TransportError(IbfmError):
     """The transport itself failed (no device, port busy, closed)."""
 
@@ -107,6 +134,10 @@ class TransportStats:
     """Requests sent again in a new round after every retry timed out (``sm.transport.smp.send_resending``)."""
     unmatched: int = 0
     unsolicited: int = 0
+    served: int = 0
+    """Requests of others handed to the SM's services (SMInfo, SA), which answer them."""
+    replies: int = 0
+    """Answers those services sent back."""
     refused: int = 0
     """Requests of others (not traps) that arrived: answered with an error status, or dropped."""
     malformed: int = 0
@@ -180,6 +211,9 @@ class WindowedTransport(ABC):
         self._traps: asyncio.Queue[bytes] = asyncio.Queue()
         self._closed = False
         self._batches: set[_Batch] = set()
+        self._responder: Responder | None = None
+        self._streams: dict[int, Callable[[bytes], None]] = {}
+        """TID -> taker of further answers to a request already answered (RMPP segments)."""
 
     # -- subclass side --------------------------------------------------------
 
@@ -226,7 +260,11 @@ class WindowedTransport(ABC):
         with self._lock:
             entry = self._pending.pop(tid, None)
             if entry is None:
-                self.stats.unmatched += 1
+                stream = self._streams.get(tid)
+                if stream is not None:
+                    stream(mad)
+                else:
+                    self.stats.unmatched += 1
                 return
             self.stats.received += 1
             b, i, _, _ = entry
@@ -241,6 +279,46 @@ class WindowedTransport(ABC):
         """A request that is not a trap and that nobody here serves: counted (a transport that can
         reach its sender answers it with :func:`refusal`)."""
         self.stats.refused += 1
+
+    def _request(self, mad: bytes, src: MadAddress) -> None:
+        """A request of another port arrived (on the event loop): to the service, or refused."""
+        responder = self._responder
+        taken = False
+        if responder is not None and not self._closed:
+            try:
+                taken = responder(mad, src)
+            except Exception:  # a service's bug must not take the transport down: refuse and say so
+                log.exception("service failed on a request from LID %#x", src.lid)
+                taken = False
+        if taken:
+            self.stats.served += 1
+        else:
+            self._refuse_request(mad, src)
+
+    def _refuse_request(self, mad: bytes, src: MadAddress) -> None:
+        """Refuse a request whose sender is known (a transport that can answer does)."""
+        self._refuse(mad)
+
+    # -- serving --------------------------------------------------------------
+
+    def serve(self, responder: Responder | None) -> None:
+        """Hand requests that arrive (those that are not traps) to ``responder``; None stops it.
+
+        Without a responder every such request is refused, as before.
+        """
+        self._responder = responder
+
+    def reply(self, mad: bytes, to: MadAddress) -> None:
+        """Send an answer (or an RMPP segment, or a Report's ACK) to ``to`` as is: no TID, window or retry."""
+        if self._closed:
+            raise TransportError("transport is closed")
+        with self._lock:
+            self.stats.replies += 1
+            self._reply(mad, to)
+
+    def _reply(self, mad: bytes, to: MadAddress) -> None:
+        """Put an answer on the wire toward ``to`` (with the engine lock held)."""
+        raise TransportError(f"{type(self).__name__} cannot answer requests")
 
     def _unsolicited(self, mad: bytes) -> None:
         self.stats.unsolicited += 1
@@ -417,6 +495,16 @@ class WindowedTransport(ABC):
             return await asyncio.wait_for(self._traps.get(), timeout)
         except TimeoutError:
             return None
+
+    def follow(self, tid: int, taker: Callable[[bytes], None] | None) -> None:
+        """Hand further answers with (low 32 bits) ``tid`` to ``taker`` (None: stop): the segments of an
+        RMPP answer after the first, which completed the request. ``taker`` runs where answers are
+        delivered (with the engine lock held): it must only queue what it gets."""
+        with self._lock:
+            if taker is None:
+                self._streams.pop(tid & 0xFFFFFFFF, None)
+            else:
+                self._streams[tid & 0xFFFFFFFF] = taker
 
     def pending_traps(self) -> list[bytes]:
         """Drain every queued unsolicited MAD without waiting."""

@@ -3,7 +3,11 @@
 One port, three agents on it: SubnMgt directed route (class 0x81) and LID
 routed (0x01) on QP0, PerfMgt (0x04, version 1) on QP1; the LID-routed agent
 also takes unsolicited Trap MADs (trap 128 and friends arrive as
-LID-routed SubnTrap). Sends go out with kernel timeout 0 and no kernel
+LID-routed SubnTrap). An SM (``issm=True``) also takes SubnGet and SubnSet
+on both SMP agents (SMInfo from peer SMs), and with ``serve_sa=True`` a
+fourth agent holds Subnet Administration (class 0x03, version 2, RMPP
+version 1: the kernel cuts long answers into segments; libumad2sim, which
+has no RMPP, sends only the first MAD of one). Sends go out with kernel timeout 0 and no kernel
 retries: :class:`~sm.transport.base.WindowedTransport` owns the window,
 timeouts, retries and TID matching. A receive thread sits in
 ``umad_recv`` with a short timeout (so it can stop); it matches each answer
@@ -15,7 +19,8 @@ a master SM does (ibsim delivers traps only to such a client).
 
 What arrives is trusted no further than its length: answers go to the
 window engine (which matches TIDs and checks nothing else), SubnTrap
-notices to the trap queue, and every other request is refused with an
+notices to the trap queue, requests to the SM's services when one is
+served (on the event loop), and every other request is refused with an
 error status from the receive thread (``refusal``), as the kernel's MAD
 layer refuses a request no agent takes.
 
@@ -52,6 +57,7 @@ from sm.transport.base import (
     _TID,
     MAD_HEADER_SIZE,
     TID_OFFSET,
+    MadAddress,
     Route,
     TransportError,
     WindowedTransport,
@@ -66,10 +72,18 @@ PERMISSIVE_LID = 0xFFFF
 GSI_QKEY = 0x80010000
 
 MGMT_CLASS_SUBN_LID = 0x01
+MGMT_CLASS_SA = 0x03
 MGMT_CLASS_PERF = 0x04
 MGMT_CLASS_SUBN_DR = 0x81
 
+METHOD_GET = 0x01
+METHOD_SET = 0x02
 METHOD_TRAP = 0x05
+SA_CLASS_VERSION = 2
+SA_REQUEST_METHODS = (0x01, 0x02, 0x12, 0x13, 0x14, 0x15)
+"""Get, Set, GetTable, GetTraceTable, GetMulti, Delete: the requests an SA takes."""
+MAX_RMPP_BYTES = 256 * 1024
+"""Longest answer handed to the kernel's RMPP in one send."""
 
 PORT_STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE"}
 PORT_ACTIVE = 4
@@ -300,17 +314,6 @@ class PortAttrs:
         return PORT_STATE_NAMES.get(self.state, str(self.state))
 
 
-@dataclass(frozen=True)
-class MadAddress:
-    """Where an unsolicited MAD came from (``umad_get_mad_addr``)."""
-
-    lid: int
-    qpn: int
-    qkey: int
-    sl: int
-    pkey_index: int
-
-
 def _port_attrs(p: _UmadPort) -> PortAttrs:
     return PortAttrs(
         ca_name=p.ca_name.decode(errors="replace"),
@@ -406,11 +409,13 @@ class UmadTransport(WindowedTransport):
         timeout: float = 0.2,
         retries: int = 3,
         issm: bool = False,
+        serve_sa: bool = False,
     ) -> None:
         super().__init__(window=window, timeout=timeout, retries=retries)
         self._want_ca = ca
         self._want_port = port
         self._want_issm = issm
+        self._want_sa = serve_sa
         self._lib: ctypes.CDLL | None = None
         self._inited = False
         self._portid = -1
@@ -445,9 +450,10 @@ class UmadTransport(WindowedTransport):
         timeout: float = 0.2,
         retries: int = 3,
         issm: bool = False,
+        serve_sa: bool = False,
     ) -> UmadTransport:
         """Open the port, register the agents and start receiving."""
-        t = cls(ca, port, window=window, timeout=timeout, retries=retries, issm=issm)
+        t = cls(ca, port, window=window, timeout=timeout, retries=retries, issm=issm, serve_sa=serve_sa)
         t.start()
         return t
 
@@ -492,12 +498,15 @@ class UmadTransport(WindowedTransport):
         self._portid = portid
         # One agent per class, as OpenSM binds them. Responses come back to the agent
         # by TID; the LID-routed SMP agent also takes unsolicited SubnTrap (trap 128 ...).
-        for mclass, mask in (
-            (MGMT_CLASS_SUBN_DR, None),
-            (MGMT_CLASS_SUBN_LID, _method_mask(METHOD_TRAP)),
-            (MGMT_CLASS_PERF, None),
+        # An SM also answers SubnGet/SubnSet(SMInfo) from its peers on both SMP agents.
+        sm_methods = (METHOD_GET, METHOD_SET) if self._want_issm else ()
+        for mclass, version, mask, rmpp in (
+            (MGMT_CLASS_SUBN_DR, 1, _method_mask(*sm_methods) if sm_methods else None, 0),
+            (MGMT_CLASS_SUBN_LID, 1, _method_mask(METHOD_TRAP, *sm_methods), 0),
+            (MGMT_CLASS_PERF, 1, None, 0),
+            *([(MGMT_CLASS_SA, SA_CLASS_VERSION, _method_mask(*SA_REQUEST_METHODS), 1)] if self._want_sa else []),
         ):
-            self._agents[mclass] = self._register(mclass, 1, mask, where)
+            self._agents[mclass] = self._register(mclass, version, mask, where, rmpp)
         if _under_umad2sim():
             self._open_sink(attrs)
         # issm last: holding it makes us the SM that traps go to, and a trap arriving before
@@ -550,10 +559,10 @@ class UmadTransport(WindowedTransport):
         self._issm_fd = fd
         self._libc = libc
 
-    def _register(self, mclass: int, version: int, mask: _MethodMask | None, where: str) -> int:
+    def _register(self, mclass: int, version: int, mask: _MethodMask | None, where: str, rmpp: int = 0) -> int:
         assert self._lib is not None
         ref = ctypes.byref(mask) if mask is not None else None
-        agent = self._lib.umad_register(self._portid, mclass, version, 0, ref)
+        agent = self._lib.umad_register(self._portid, mclass, version, rmpp, ref)
         if agent < 0:
             busy = " (another SM or agent already holds these methods on this port?)" if mask else ""
             raise TransportError(
@@ -793,8 +802,54 @@ class UmadTransport(WindowedTransport):
             except RuntimeError:  # loop closed underneath us
                 return False
             return True
+        if self._responder is not None and mad[1] in self._agents:
+            try:  # a request of a class we hold (SMInfo from a peer, an SA query): to the service
+                self._loop.call_soon_threadsafe(self._request, mad, src)
+            except RuntimeError:
+                return False
+            return True
         self._refuse_from(mad, src)
         return True
+
+    def _refuse_request(self, mad: bytes, src: MadAddress) -> None:
+        self._refuse_from(mad, src)
+
+    def _reply(self, mad: bytes, to: MadAddress) -> None:
+        """An answer of ours to ``to``: through the agent of its class, from the QP it was asked on.
+
+        A directed-route SMP goes to the permissive LID (the SMP carries its way back); a GMP
+        longer than a MAD goes whole to the kernel, whose RMPP cuts it into segments.
+        """
+        mclass = mad[1] if len(mad) > 1 else -1
+        agent = self._agents.get(mclass)
+        if agent is None:
+            raise TransportError(f"no agent of class {mclass:#04x} to answer with")
+        if mclass == MGMT_CLASS_SUBN_DR:
+            addr = _DR_ADDR
+        elif mclass == MGMT_CLASS_SUBN_LID:
+            addr = (to.lid, 0, 0)
+        else:
+            addr = (to.lid, to.qpn or 1, to.qkey or GSI_QKEY)
+        if len(mad) <= MAD_SIZE:
+            self._send_to(mad, addr, agent)
+        else:
+            self._send_long(mad, addr, agent)
+
+    def _send_long(self, mad: bytes, addr: tuple[int, int, int], agent: int) -> None:
+        """A multi-MAD answer in one buffer of its own (the kernel segments it; libumad2sim cuts it)."""
+        lib = self._lib
+        if lib is None or self._portid < 0:
+            raise TransportError("transport not started")
+        n = len(mad)
+        if n > MAX_RMPP_BYTES:
+            raise ValueError(f"answer of {n} bytes; at most {MAX_RMPP_BYTES}")
+        hs = self._hdr_size
+        buf = ctypes.create_string_buffer(hs + n)
+        lib.umad_set_addr(buf, addr[0], addr[1], 0, addr[2])
+        ctypes.memmove(ctypes.addressof(buf) + hs, mad, n)
+        rc = self._umad_send(self._portid, agent, buf, n, 0, 0)
+        if rc < 0:
+            raise TransportError(f"umad_send of {n} bytes on {self.ca_name}/{self.port_num} failed: {_err(rc)}")
 
     def _refuse_from(self, mad: bytes, src: MadAddress) -> None:
         """Answer a request nobody here serves with an error status, back to where it came from.
