@@ -115,6 +115,8 @@ def sample_events() -> list:  # type: ignore[type-arg]
             "counter": "xmit_wait",
             "value": 2.0,
             "threshold": 1.0,
+            "state": "master",
+            "priority": 5,
         }
         names = set(cls.model_fields) - {"type", "time"}
         out.append(cls(**{k: v for k, v in fields.items() if k in names}))

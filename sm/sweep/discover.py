@@ -56,6 +56,8 @@ class _NodeRec:
     port_raw: dict[int, bytes] = field(default_factory=dict)
     """Port -> PortInfo bytes as read."""
     switch_info: dict[str, Any] | None = None
+    node_info: dict[str, Any] | None = None
+    """NodeInfo as read (first path; LocalPortNum and PortGUID are those of that path's port)."""
 
 
 PortKey = tuple[int, int]
@@ -145,6 +147,8 @@ class Discovery:
     """(node, port) -> PortInfo as read, then as the last Set left it (the base for later Sets)."""
     errors: list[str]
     smps: int
+    node_info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Node index -> NodeInfo as read (what NodeRecords carry)."""
 
     def __repr__(self) -> str:
         return f"Discovery(nodes={self.fabric.n_nodes}, errors={len(self.errors)}, smps={self.smps})"
@@ -214,6 +218,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
                     int(ni["VendorID"]),
                     int(ni["DeviceID"]),
                     path,
+                    node_info=ni,
                 )
                 nodes[guid] = rec
                 by_path[path] = guid
@@ -299,6 +304,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
         port_info,
         errors,
         transport.stats.sent - sent0,
+        {fabric.by_guid(nd.guid): nd.node_info for nd in nodes.values() if nd.node_info is not None},
     )
 
 

@@ -94,6 +94,16 @@ class SweepFailed(_Event):
     unreachable: list[str] = Field(default_factory=list, description="devices that did not answer")
 
 
+class SmStateChanged(_Event):
+    type: Literal["sm_state_changed"] = "sm_state_changed"
+    state: Literal["not_active", "discovering", "standby", "master"]
+    priority: int
+    guid: str = Field(description="our SM port GUID, 0x-prefixed hex")
+    master_guid: str | None = Field(default=None, description="the master's port GUID (ours when master)")
+    master_lid: int = 0
+    reason: str
+
+
 class CounterThreshold(_Event):
     type: Literal["counter_threshold"] = "counter_threshold"
     port: PortRef
@@ -112,6 +122,7 @@ Event = Annotated[
     | SweepFailed
     | RoutingFailed
     | CreditLoopFound
+    | SmStateChanged
     | CounterThreshold,
     Field(discriminator="type"),
 ]

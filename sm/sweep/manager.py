@@ -30,10 +30,11 @@ from typing import Any, Literal
 import numpy.ma  # noqa: F401 - np.unique imports it on first use (9 ms): at start, not mid-sweep
 
 from fabric.errors import IbfmError
-from fabric.mad import Method, MgmtClass, SmpAttr, notice_unpack, parse_mad, trap_repress
+from fabric.mad import Method, MgmtClass, SmpAttr, SmState, notice_unpack, parse_mad, trap_repress
 from fabric.model import Fabric, NodeType
 from sm.analysis.creditflow import CreditLoop, find_credit_loops
 from sm.analysis.verify import VerifyReport, verify_routes
+from sm.election.elector import Elector, Role
 from sm.lidmap import LidMap
 from sm.links import LinkPlan, apply_link_plan, plan_links
 from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, RoutingResult, make_engine, route
@@ -48,6 +49,7 @@ from sm.sweep.events import (
     PortHeldDown,
     PortRef,
     RoutingFailed,
+    SmStateChanged,
     SweepDone,
     SweepFailed,
 )
@@ -75,6 +77,18 @@ class SweepError(IbfmError):
         self.stage = stage
 
 
+class StandingBy(SweepError):
+    """This SM is not the master (another SM is, or is about to be): the sweep wrote nothing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("election", message)
+
+
+TRAP_CAPABILITY_CHANGE = 144
+_TRAP_144 = TRAP_CAPABILITY_CHANGE.to_bytes(2, "big")
+"""Trap 144: a port's CapabilityMask changed (an SM came or went) or an SM's priority: a heavy sweep."""
+
+
 @dataclass(frozen=True)
 class SmConfig:
     engines: tuple[str, ...] = DEFAULT_CHAIN
@@ -96,6 +110,14 @@ class SmConfig:
     flap_window: float = 60.0
     flap_hold: float = 10.0
     """Seconds a held-down port must stay quiet before it is brought up again."""
+    sm_priority: int = 0
+    """SMInfo.Priority, 0..15 (OpenSM's default 0); the higher, the likelier master."""
+    sm_key: int = 1
+    """SMInfo.SM_Key (OpenSM's default 1: it ignores SMs whose key differs)."""
+    sm_poll_interval: float = 2.0
+    """Seconds between a standby's polls of the master."""
+    sm_poll_retries: int = 3
+    """Polls retried at once before a silent master is taken to be gone."""
 
 
 @dataclass(frozen=True)
@@ -161,12 +183,30 @@ class FabricManager:
     """Owns the sweeps: one at a time, triggers merged, snapshots and events out."""
 
     def __init__(
-        self, transport: WindowedTransport, config: SmConfig | None = None, events: EventBus | None = None
+        self,
+        transport: WindowedTransport,
+        config: SmConfig | None = None,
+        events: EventBus | None = None,
+        *,
+        port_guid: int = 0,
     ) -> None:
         self.transport = transport
         self.config = config or SmConfig()
         self.events = events or EventBus()
         self.snapshot: SubnetSnapshot | None = None
+        cfg = self.config
+        self.elector = Elector(
+            transport,
+            guid=port_guid,
+            priority=cfg.sm_priority,
+            sm_key=cfg.sm_key,
+            poll_interval=cfg.sm_poll_interval,
+            poll_retries=cfg.sm_poll_retries,
+            lid=self._own_lid,
+            on_change=self._role_changed,
+            request_sweep=lambda reason, heavy: self.request_sweep(reason, heavy=heavy),
+        )
+        """SMInfo and the election: whether this SM may write to the fabric."""
         self.held: HeldLfts = {}
         self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
@@ -184,6 +224,22 @@ class FabricManager:
         """Unsolicited MADs that looked like traps but were no readable Notice."""
         self.repress_failures = 0
         """TrapRepresses that could not be posted."""
+
+    def _own_lid(self) -> int:
+        s = self.snapshot
+        return s.sm_lid if s is not None else 0
+
+    def _role_changed(self, role: Role) -> None:
+        self.events.emit(
+            SmStateChanged(
+                state=role.state.name.lower(),  # type: ignore[arg-type]
+                priority=role.priority,
+                guid=f"{role.guid:#018x}",
+                master_guid=f"{role.master_guid:#018x}" if role.master_guid else None,
+                master_lid=role.master_lid,
+                reason=role.reason,
+            )
+        )
 
     # -- triggers ---------------------------------------------------------------
 
@@ -203,7 +259,7 @@ class FabricManager:
                 try:
                     await self.sweep()
                 except SweepError:
-                    pass  # reported as an event; the next sweep starts over
+                    pass  # reported as an event (standing by: as a state change); the next sweep starts over
                 except Exception as e:  # a bug or a device answering nonsense must not stop the SM
                     log.exception("sweep failed")
                     self._force_heavy = True
@@ -214,6 +270,9 @@ class FabricManager:
                 release = self.damper.next_release()
                 if release is not None:  # a held port is looked at again as soon as its hold ends
                     wait = min(wait, max(0.0, release - time.monotonic()) + 0.01)
+                poll = self.elector.next_poll_in()
+                if poll is not None:  # a standby polls its master on its own clock
+                    wait = min(wait, poll + 0.001)
                 await asyncio.wait({waiter, stopper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 stopper.cancel()
@@ -254,6 +313,8 @@ class FabricManager:
                     log.warning("unreadable trap ignored (%d so far): %s", self.bad_traps, e)
                 continue
             good += 1
+            if m.data[4:6] == _TRAP_144:  # an SM came, went or changed priority: look at every port
+                self._force_heavy = True
             if 0 < issuer < 0xC000:  # a unicast LID
                 self._trap_lids.add(issuer)
                 if m.mgmt_class != MgmtClass.SUBN_LID:
@@ -277,6 +338,14 @@ class FabricManager:
             self._reasons.clear()
             self._take_traps(self.transport.pending_traps())  # every queued trap is covered by this sweep
             trap_lids, self._trap_lids = self._trap_lids, set()
+            el = self.elector
+            if el.state == SmState.NOT_ACTIVE:
+                return None
+            if el.state == SmState.STANDBY or el.waiting_handover:
+                # A standby writes nothing: it watches its master, and sweeps only to take over.
+                if el.next_poll_in() or not await el.poll():
+                    return None
+                self._force_heavy = True
             prev = self.snapshot
             # Holds that ended are released whatever the sweep: a heavy one reads every port anyway.
             released = self.damper.release_expired()
@@ -322,6 +391,8 @@ class FabricManager:
                 if not (c.up and not c.bounced and (int(f.node_guid[c.node]), c.port) in held)
             ]
             if not relevant and not light.needs_full_discovery and not released:
+                if await el.check_peers():  # a master beside us, or a better SM: elect again
+                    return await self._heavy(None, kind_changes=0, reasons=[*reasons, "sm"])
                 self.events.emit(
                     SweepDone(
                         sweep=prev.sweep,
@@ -354,6 +425,9 @@ class FabricManager:
         prev = self.snapshot
         try:
             snap = await self._pipeline(d, extra_smps)
+        except StandingBy:
+            self._force_heavy = True  # (the state change was the event)
+            raise
         except SweepError as e:
             self._force_heavy = True
             self.events.emit(SweepFailed(stage=e.stage, reason=str(e)))
@@ -421,6 +495,15 @@ class FabricManager:
             with stage("discover"):
                 d = await discover(self.transport)
             hold_down(d.fabric, self.damper.held())
+        el = self.elector
+        if not el.guid:
+            el.guid = int(d.fabric.port_guid[d.sm_node, d.sm_port])
+        with stage("election"):  # the other SMs are asked before anything is written
+            if not await el.arbitrate(d):
+                master = el.master
+                who = f"{master.guid:#018x} ({master.node_name or master.lid})" if master else "nobody"
+                raise StandingBy(f"sweep {sweep_no}: {el.state.name.lower()}; master is {who}")
+        reregister = el.took_first_sweep()
         fabric = d.fabric
         with stage("lids"):
             plan = self.lid_manager.plan(fabric)
@@ -479,6 +562,7 @@ class FabricManager:
                     sm_lid=int(lids.base[d.sm_node, d.sm_port]),
                     subnet_prefix=cfg.subnet_prefix,
                     held=self.held,
+                    reregister=reregister,
                 )
             programmed_at, up_s = time.time(), time.perf_counter() - t_start
             off.hurry()  # nothing left to slow down: the checks get the CPU

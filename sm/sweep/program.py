@@ -49,6 +49,8 @@ class ProgramReport:
     blocks_skipped: int = 0
     armed: int = 0
     activated: int = 0
+    reregistered: int = 0
+    """End ports told to re-register (PortInfo.ClientReregister)."""
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -77,6 +79,10 @@ _NO_CHANGE = {"PortState": 0, "PortPhysicalState": 0}
 
 _STATE_MASK = np.full(PORT_INFO.size, 0xFF, np.uint8)
 _STATE_MASK[32], _STATE_MASK[33] = 0xF0, 0x0F
+_ONE_SHOT = frozenset({"ClientReregister"})
+"""Fields a Set carries once and the port does not hold afterwards (not compared with the answer)."""
+_REREG_CAP = 1 << 25
+"""PortInfo.CapabilityMask.IsClientReregistrationSupported."""
 """PortInfo bits a Set is not echoed in: PortState (byte 32 low nibble) and PortPhysicalState
 (byte 33 high nibble), which the Set left alone (0) or asked to change."""
 
@@ -92,6 +98,7 @@ async def program_fabric(
     subnet_prefix: int = 0xFE80000000000000,
     held: HeldLfts | None = None,
     activate: bool = True,
+    reregister: bool = False,
 ) -> ProgramReport:
     """Push the plan into the fabric; updates ``held`` with what the switches now hold.
 
@@ -100,10 +107,14 @@ async def program_fabric(
     a LID, LMC or master-SM change, or a lower LinearFDBTop, waits for the
     routes. An exception of ``lft`` (routing failed) is raised here once the
     Sets in flight are cancelled; no port is activated then.
+
+    ``reregister`` (a new master's first sweep) sets PortInfo.ClientReregister
+    on every end port that supports it, so hosts join their multicast groups
+    and subscribe again; a port that gets a new LID or master gets it anyway.
     """
     rep = ProgramReport()
     known = held if held is not None else {}
-    plan = _plan_port_infos(d, lids, links, sm_lid, subnet_prefix)
+    plan = _plan_port_infos(d, lids, links, sm_lid, subnet_prefix, reregister=reregister)
     lowers_top = any(
         int(si.get("LinearFDBTop", 0)) > lids.max_lid for n, si in d.switch_info.items() if d.fabric.is_switch(n)
     )
@@ -199,7 +210,8 @@ async def _port_info_sets(
             continue
         at = np.flatnonzero(rows)
         _PORT_INFO.patch_rows(data, name, at.tolist(), values[at].tolist())
-        set_bytes[[j for j in range(PORT_INFO.size) if name in _PORT_INFO.fields_at(j)]] = True
+        if name not in _ONE_SHOT:
+            set_bytes[[j for j in range(PORT_INFO.size) if name in _PORT_INFO.fields_at(j)]] = True
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, which, mods, data)
     set_mask = _STATE_MASK & np.where(set_bytes, 0xFF, 0).astype(np.uint8)
     if res.errors:
@@ -213,7 +225,7 @@ async def _port_info_sets(
     blob = res.data.tobytes()
     size = PORT_INFO.size
     for r in np.flatnonzero(res.ok & (differs.any(axis=1) | ~taken)).tolist():
-        names = [name for name, (rows, _) in fields.items() if rows[r]]
+        names = [name for name, (rows, _) in fields.items() if rows[r] and name not in _ONE_SHOT]
         got = _PORT_INFO.get_fields(blob[r * size : (r + 1) * size], names)
         bad = {name: (int(fields[name][1][r]), got[name]) for name in names if got[name] != fields[name][1][r]}
         taken[r] = not bad
@@ -256,7 +268,17 @@ async def _reread_refused(
         del res.errors[r]
 
 
-_HELD = ("LID", "LMC", "MasterSMLID", "GIDPrefix", "NeighborMTU", "OperationalVLs", "PortState")
+_HELD = (
+    "LID",
+    "LMC",
+    "MasterSMLID",
+    "MasterSMSL",
+    "GIDPrefix",
+    "NeighborMTU",
+    "OperationalVLs",
+    "PortState",
+    "CapabilityMask",
+)
 """PortInfo fields stage 1 compares with the plan."""
 
 
@@ -271,10 +293,14 @@ class _PortPlan:
     """Some Set changes a port in use: a LID or LMC that is not 0, or the master SM of an ACTIVE port."""
 
 
-def _plan_port_infos(d: Discovery, lids: LidMap, links: LinkPlan, sm_lid: int, prefix: int) -> _PortPlan:
-    """LID, LMC, MasterSMLID and GID prefix on end ports; INIT -> ARMED, with NeighborMTU and
-    OperationalVLs, on trained links. A port already ACTIVE keeps its MTU and VLs until its link
-    trains again (OpenSM likewise sets them while arming)."""
+def _plan_port_infos(
+    d: Discovery, lids: LidMap, links: LinkPlan, sm_lid: int, prefix: int, *, reregister: bool = False
+) -> _PortPlan:
+    """LID, LMC, MasterSMLID (MasterSMSL 0) and GID prefix on end ports; INIT -> ARMED, with
+    NeighborMTU and OperationalVLs, on trained links. A port already ACTIVE keeps its MTU and VLs
+    until its link trains again (OpenSM likewise sets them while arming). ClientReregister goes to
+    end ports that get a new LID or master, and with ``reregister`` to every end port (as OpenSM
+    does on a new master's first sweep), where CapabilityMask says the port supports it."""
     f = d.fabric
     up = f.up_mask()
     endport = np.zeros_like(up)
@@ -298,16 +324,22 @@ def _plan_port_infos(d: Discovery, lids: LidMap, links: LinkPlan, sm_lid: int, p
     armable = up & ((held["PortState"] == PortState.INIT) | (f.state == PortState.INIT))
     armable[:, 0] = False
     relid = endport & ((held["LID"] != lids.base) | (held["LMC"] != lmc))
-    resm = endport & ((held["MasterSMLID"] != sm_lid) | (held["GIDPrefix"] != np.uint64(prefix)))
+    resm = endport & (
+        (held["MasterSMLID"] != sm_lid) | (held["MasterSMSL"] != 0) | (held["GIDPrefix"] != np.uint64(prefix))
+    )
     live = bool((relid & (held["LID"] != 0)).any() or (resm & (held["PortState"] == PortState.ACTIVE)).any())
-    cn, cp = np.nonzero(read & (relid | resm | armable))
-    is_end, has_mtu, arm = endport[cn, cp], (up & (links.mtu != 0))[cn, cp], armable[cn, cp]
+    can_rereg = endport & ((held["CapabilityMask"] & np.uint64(_REREG_CAP)) != 0)
+    rereg = can_rereg & (relid | resm | (endport if reregister else False))
+    cn, cp = np.nonzero(read & (relid | resm | armable | rereg))
+    is_end, has_mtu, arm = endport[cn, cp], (armable & (links.mtu != 0))[cn, cp], armable[cn, cp]
     k = cn.size
     fields: Fields = {
         "LID": (is_end, lids.base[cn, cp].astype(np.int64)),
         "LMC": (is_end, np.full(k, lmc, np.int64)),
         "MasterSMLID": (is_end, np.full(k, sm_lid, np.int64)),
+        "MasterSMSL": (is_end, np.zeros(k, np.int64)),
         "GIDPrefix": (is_end, np.full(k, prefix, np.uint64)),
+        "ClientReregister": (rereg[cn, cp], np.ones(k, np.int64)),
         "NeighborMTU": (has_mtu, links.mtu[cn, cp].astype(np.int64)),
         "OperationalVLs": (has_mtu, links.op_vls[cn, cp].astype(np.int64)),
         "PortState": (arm, np.full(k, int(PortState.ARMED), np.int64)),
@@ -324,6 +356,7 @@ async def _set_port_infos(
     ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "config")
     rep.failures += failures
     rep.port_sets += int(ok.sum())
+    rep.reregistered += int(fields["ClientReregister"][0][ok].sum())
     n, p = cn[ok], cp[ok]
     m = fields["LID"][0][ok]
     f.lid[n[m], p[m]] = lids.base[n[m], p[m]]

@@ -1,0 +1,501 @@
+"""The SM's SMInfo and its state machine: answering peers, electing, polling, handing over.
+
+States (IBA 14.4.1): an SM starts DISCOVERING. After a heavy sweep's
+discovery, :meth:`Elector.arbitrate` asks every other port that
+advertises IsSM for its SMInfo (directed route, as OpenSM does) and
+decides:
+
+- DISCOVERING: a MASTER elsewhere, or a better SM still discovering or in
+  standby, makes us STANDBY (nothing is written); otherwise we are MASTER.
+- MASTER: a better SM in any state gets the subnet: SubnSet(SMInfo,
+  HANDOVER) with our SMInfo, and we are STANDBY at once (OpenSM neither
+  sends nor awaits ACKNOWLEDGE). Another MASTER that is not better: we stay
+  master but write nothing until it hands over or stops answering (C14-60.2.1),
+  and remind it with Trap 144 (SM priority change) at each poll.
+- STANDBY: :meth:`Elector.poll` asks the master's SMInfo every
+  ``poll_interval``; a poll that fails is retried at once up to
+  ``poll_retries`` times; then the master is gone and we go DISCOVERING
+  (the manager sweeps, and we become master if nobody better is left).
+  A master that answers but ranks below us hears Trap 144 so it hands over.
+
+Better means higher priority, then the numerically lower port GUID. A
+SubnSet(SMInfo) is taken only when legal for our state and the sender's
+(IBA table 187, as OpenSM checks it): HANDOVER, DISABLE, STANDBY and
+DISCOVER come from a MASTER, ACKNOWLEDGE from a STANDBY; anything else is
+answered with status 0x001C and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+from fabric.errors import IbfmError
+from fabric.mad import (
+    PORT_INFO,
+    SM_INFO,
+    MadError,
+    Method,
+    MgmtClass,
+    PortCap,
+    SmpAttr,
+    SmState,
+    parse_mad,
+    smp_dr,
+    smp_lid,
+    trap144_pack,
+    trap_mad,
+)
+from fabric.model import NodeType
+from sm.sweep.discover import Discovery
+from sm.transport.base import MadAddress, Route, WindowedTransport
+
+log = logging.getLogger(__name__)
+
+DR_D_BIT = 0x8000
+STATUS_INVALID_FIELD = 0x001C
+SM_PRIORITY_CHANGE = 0x0008
+"""Trap 144 ChangeFlags bit: the SM priority changed (what a better standby tells a lower master)."""
+
+
+class SmInfoControl(IntEnum):
+    """SubnSet(SMInfo) attribute modifiers (IBA 14.4.2)."""
+
+    HANDOVER = 1
+    ACKNOWLEDGE = 2
+    DISABLE = 3
+    STANDBY = 4
+    DISCOVER = 5
+
+
+_LEGAL_SENDER = {
+    SmInfoControl.HANDOVER: SmState.MASTER,
+    SmInfoControl.ACKNOWLEDGE: SmState.STANDBY,
+    SmInfoControl.DISABLE: SmState.MASTER,
+    SmInfoControl.STANDBY: SmState.MASTER,
+    SmInfoControl.DISCOVER: SmState.MASTER,
+}
+_LEGAL_FOR = {
+    SmInfoControl.HANDOVER: {SmState.DISCOVERING, SmState.STANDBY, SmState.MASTER},
+    SmInfoControl.ACKNOWLEDGE: {SmState.STANDBY},
+    SmInfoControl.DISABLE: {SmState.STANDBY},
+    SmInfoControl.STANDBY: {SmState.NOT_ACTIVE},
+    SmInfoControl.DISCOVER: {SmState.STANDBY},
+}
+"""Our states in which each control is taken (as OpenSM's legality check)."""
+
+
+@dataclass(frozen=True)
+class PeerSm:
+    """Another SM as its SMInfo said, and how to reach it."""
+
+    guid: int
+    priority: int
+    state: SmState
+    act_count: int
+    sm_key: int
+    route: Route
+    """Directed-route path to its port (or its LID)."""
+    lid: int
+    node_name: str = ""
+
+    def rank(self) -> tuple[int, int]:
+        return _rank(self.priority, self.guid)
+
+
+def _rank(priority: int, guid: int) -> tuple[int, int]:
+    """Sort key: greater is better (higher priority, then lower GUID)."""
+    return priority, -guid
+
+
+@dataclass(frozen=True)
+class Role:
+    """What the SM is now, for health, metrics and events."""
+
+    state: SmState
+    priority: int
+    guid: int
+    act_count: int
+    master_guid: int
+    """The master's port GUID (ours when we are master; 0 when none is known)."""
+    master_lid: int
+    since: float
+    """Unix time of the last state change."""
+    reason: str
+
+
+StateListener = Callable[[Role], None]
+
+
+class Elector:
+    """Our SMInfo, the answers to peers, and the election over a transport.
+
+    ``guid`` is our port GUID; ``lid()`` our port's current LID (0 before we
+    have one). ``on_change`` hears every state change (the manager turns it
+    into an event); ``request_sweep(reason, heavy)`` asks the manager for a sweep.
+    """
+
+    def __init__(
+        self,
+        transport: WindowedTransport,
+        *,
+        guid: int,
+        priority: int = 0,
+        sm_key: int = 1,
+        poll_interval: float = 2.0,
+        poll_retries: int = 3,
+        lid: Callable[[], int] = lambda: 0,
+        on_change: StateListener | None = None,
+        request_sweep: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        if not 0 <= priority <= 15:
+            raise ValueError(f"SM priority {priority} outside 0..15")
+        self.transport = transport
+        self.guid = guid
+        self.priority = priority
+        self.sm_key = sm_key
+        self.poll_interval = poll_interval
+        self.poll_retries = poll_retries
+        self._lid = lid
+        self._on_change = on_change
+        self._request_sweep = request_sweep
+        self.state = SmState.DISCOVERING
+        self.master: PeerSm | None = None
+        """The master when it is another SM (STANDBY, or a MASTER waiting for a handover)."""
+        self.peers: dict[int, PeerSm] = {}
+        """Other SMs seen by the last arbitration, by port GUID."""
+        self.waiting_handover = False
+        """MASTER beside another master that ranks below us: we write nothing until it hands over."""
+        self.first_sweep = True
+        """The next sweep as master is a new master's first (hosts are told to re-register)."""
+        self.since = time.time()
+        self.reason = "start"
+        self.handovers_sent = 0
+        self.takeovers = 0
+        self.polls = 0
+        self.poll_failures = 0
+        self.sets_refused = 0
+        self._next_poll = 0.0
+        self._trap_tid = 0
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def act_count(self) -> int:
+        """ActCount: our SMPs sent so far (OpenSM counts its QP0 MADs the same way)."""
+        return self.transport.stats.sent & 0xFFFFFFFF
+
+    @property
+    def is_master(self) -> bool:
+        return self.state == SmState.MASTER and not self.waiting_handover
+
+    @property
+    def may_write(self) -> bool:
+        """Whether this SM may program the fabric now."""
+        return self.is_master
+
+    def role(self) -> Role:
+        if self.state == SmState.MASTER:
+            mg, ml = self.guid, self._lid()
+        elif self.master is not None:
+            mg, ml = self.master.guid, self.master.lid
+        else:
+            mg, ml = 0, 0
+        return Role(self.state, self.priority, self.guid, self.act_count, mg, ml, self.since, self.reason)
+
+    def _set(self, state: SmState, reason: str, *, master: PeerSm | None = None) -> None:
+        changed = state != self.state or (master is not None and master != self.master)
+        if state == SmState.MASTER and self.state != SmState.MASTER:
+            self.first_sweep = True
+        self.state = state
+        if state == SmState.MASTER:
+            self.master = None if master is None else master
+        elif master is not None:
+            self.master = master
+        if state != SmState.MASTER:
+            self.waiting_handover = False
+        if changed:
+            self.since = time.time()
+            self.reason = reason
+            log.info("SM state %s (%s)", state.name, reason)
+            if self._on_change is not None:
+                self._on_change(self.role())
+
+    def _sweep(self, reason: str, heavy: bool = True) -> None:
+        if self._request_sweep is not None:
+            self._request_sweep(reason, heavy)
+
+    def sminfo(self, *, key: bool = True) -> bytes:
+        """Our SMInfo attribute (64 bytes); SM_Key zero unless ``key``."""
+        return SM_INFO.pack(
+            {
+                "GUID": self.guid,
+                "SM_Key": self.sm_key if key else 0,
+                "ActCount": self.act_count,
+                "Priority": self.priority,
+                "SMState": int(self.state),
+            }
+        ).ljust(64, b"\0")
+
+    # -- answering peers ------------------------------------------------------------------
+
+    def take(self, mad: bytes, src: MadAddress) -> bool:
+        """The transport's service hook for SMPs: SubnGet/SubnSet(SMInfo) to our port; False for others."""
+        if len(mad) < 128 or mad[1] not in (MgmtClass.SUBN_LID, MgmtClass.SUBN_DR):
+            return False
+        if int.from_bytes(mad[16:18], "big") != SmpAttr.SM_INFO or mad[3] not in (Method.GET, Method.SET):
+            return False
+        status = 0
+        if mad[0] != 1 or mad[2] != 1:
+            status = 0x0004
+        elif mad[3] == Method.SET:
+            status = self._control(int.from_bytes(mad[20:24], "big"), mad[64:128], src)
+        self._answer(mad, src, status)
+        return True
+
+    def _answer(self, req: bytes, src: MadAddress, status: int) -> None:
+        buf = bytearray(req[:256].ljust(256, b"\0"))
+        buf[3] = Method.GET_RESP
+        word = status | (DR_D_BIT if req[1] == MgmtClass.SUBN_DR else 0)
+        buf[4:6] = word.to_bytes(2, "big")
+        buf[64:128] = self.sminfo()
+        try:
+            self.transport.reply(bytes(buf), src)
+        except IbfmError as e:
+            log.debug("SMInfo answer to LID %#x not sent: %s", src.lid, e)
+
+    def _control(self, mod: int, data: bytes, src: MadAddress) -> int:
+        """Apply a SubnSet(SMInfo); the answer's status (ours is answered as it was before)."""
+        try:
+            ctl = SmInfoControl(mod)
+            theirs = SM_INFO.unpack(data)
+        except (ValueError, MadError):
+            self.sets_refused += 1
+            return STATUS_INVALID_FIELD
+        sender_state = int(theirs["SMState"])
+        if sender_state != _LEGAL_SENDER[ctl] or self.state not in _LEGAL_FOR[ctl]:
+            self.sets_refused += 1
+            log.info("SMInfo Set %s from %#018x refused in state %s", ctl.name, int(theirs["GUID"]), self.state.name)
+            return STATUS_INVALID_FIELD
+        guid = int(theirs["GUID"])
+        peer = PeerSm(
+            guid,
+            int(theirs["Priority"]),
+            SmState(sender_state),
+            int(theirs["ActCount"]),
+            int(theirs["SM_Key"]),
+            src.lid if src.lid != 0xFFFF else (),
+            src.lid if src.lid != 0xFFFF else 0,
+        )
+        # Applied after the answer is built from the state before (as OpenSM answers).
+        loop = asyncio.get_running_loop()
+        loop.call_soon(self._apply, ctl, peer)
+        return 0
+
+    def _apply(self, ctl: SmInfoControl, peer: PeerSm) -> None:
+        if ctl == SmInfoControl.HANDOVER:
+            self.takeovers += 1
+            if self.state == SmState.MASTER:
+                self.waiting_handover = False
+                self.first_sweep = True
+                self._sweep("handover", True)
+            else:
+                self._set(SmState.MASTER, f"handover from {peer.guid:#018x}")
+                self._sweep("handover", True)
+        elif ctl == SmInfoControl.DISABLE:
+            self._set(SmState.NOT_ACTIVE, f"disabled by {peer.guid:#018x}")
+        elif ctl == SmInfoControl.STANDBY:
+            known = self.peers.get(peer.guid, peer)
+            self._set(SmState.STANDBY, f"told to stand by by {peer.guid:#018x}", master=known)
+            self._next_poll = time.monotonic() + self.poll_interval
+        elif ctl == SmInfoControl.DISCOVER:
+            self._set(SmState.DISCOVERING, f"told to discover by {peer.guid:#018x}")
+            self._sweep("discover", True)
+        # ACKNOWLEDGE in STANDBY: nothing to do (we went standby when we handed over).
+
+    # -- asking peers ---------------------------------------------------------------------
+
+    def _peer_routes(self, d: Discovery) -> list[tuple[int, int, Route, int, str]]:
+        """(node, port, DR path, LID, name) of every end port but ours that advertises IsSM."""
+        f = d.fabric
+        out: list[tuple[int, int, Route, int, str]] = []
+        cap_field = PORT_INFO.field("CapabilityMask")
+        lid_field = PORT_INFO.field("LID")
+        for node, port in list(d.port_info):
+            if (node, port) == (d.sm_node, d.sm_port):
+                continue
+            is_switch = f.node_type[node] == NodeType.SWITCH
+            if is_switch and port != 0:
+                continue
+            raw = d.port_info.raw((node, port))
+            if raw is None:
+                continue
+            caps = int.from_bytes(raw[cap_field.offset // 8 : cap_field.offset // 8 + 4], "big")
+            if not caps & int(PortCap.IS_SM):
+                continue
+            path = d.paths[node] if is_switch else d.port_paths.get((node, port), d.paths[node])
+            lid = int.from_bytes(raw[lid_field.offset // 8 : lid_field.offset // 8 + 2], "big")
+            out.append((node, port, path, lid, f.names[node]))
+        return out
+
+    async def _get_sminfo(self, route: Route) -> dict[str, int] | None:
+        mad = (
+            smp_dr(Method.GET, SmpAttr.SM_INFO, 0, 0, route)
+            if isinstance(route, tuple)
+            else smp_lid(Method.GET, SmpAttr.SM_INFO, 0, 0)
+        )
+        try:
+            ans = await self.transport.send(mad, route)
+            m = parse_mad(ans)
+        except (IbfmError, MadError):
+            return None
+        if m.status & 0x7FFF:
+            return None
+        return {k: int(v) for k, v in SM_INFO.unpack(m.data).items() if isinstance(v, int)}
+
+    async def _set_sminfo(self, route: Route, control: SmInfoControl) -> bool:
+        data = self.sminfo()
+        mad = (
+            smp_dr(Method.SET, SmpAttr.SM_INFO, int(control), 0, route, data)
+            if isinstance(route, tuple)
+            else smp_lid(Method.SET, SmpAttr.SM_INFO, int(control), 0, data)
+        )
+        try:
+            ans = await self.transport.send(mad, route)
+            return not parse_mad(ans).status & 0x7FFF
+        except (IbfmError, MadError):
+            return False
+
+    async def arbitrate(self, d: Discovery) -> bool:
+        """After discovery: ask the other SMs, decide our state; whether this sweep may program."""
+        if self.state == SmState.NOT_ACTIVE:
+            return False
+        found = self._peer_routes(d)
+        answers = await asyncio.gather(*(self._get_sminfo(route) for _, _, route, _, _ in found))
+        peers: dict[int, PeerSm] = {}
+        for (_node, _port, route, lid, name), info in zip(found, answers, strict=True):
+            if info is None:
+                continue
+            try:
+                state = SmState(info["SMState"])
+            except ValueError:
+                continue
+            if state == SmState.NOT_ACTIVE:
+                continue
+            guid = info["GUID"]
+            peers[guid] = PeerSm(guid, info["Priority"], state, info["ActCount"], info["SM_Key"], route, lid, name)
+        self.peers = peers
+        mine = _rank(self.priority, self.guid)
+        best = max(peers.values(), key=PeerSm.rank, default=None)
+        masters = [p for p in peers.values() if p.state == SmState.MASTER]
+        if self.state in (SmState.DISCOVERING, SmState.STANDBY):
+            ahead = [
+                p
+                for p in peers.values()
+                if p.state == SmState.MASTER or (p.rank() > mine and p.state in (SmState.DISCOVERING, SmState.STANDBY))
+            ]
+            if ahead:
+                master = masters[0] if masters else max(ahead, key=PeerSm.rank)
+                why = f"{master.guid:#018x} ({master.node_name}) is master or better"
+                self._set(SmState.STANDBY, why, master=master)
+                self._next_poll = time.monotonic() + self.poll_interval
+                return False
+            self._set(SmState.MASTER, "no better SM found")
+        # MASTER from here.
+        if best is not None and best.rank() > mine:
+            self.handovers_sent += 1
+            ok = await self._set_sminfo(best.route, SmInfoControl.HANDOVER)
+            log.info("handing over to %#018x (%s): %s", best.guid, best.node_name, "taken" if ok else "no answer")
+            self._set(SmState.STANDBY, f"handed over to {best.guid:#018x} ({best.node_name})", master=best)
+            self._next_poll = time.monotonic() + self.poll_interval
+            return False
+        if masters:
+            self.waiting_handover = True
+            self.master = max(masters, key=PeerSm.rank)
+            self._next_poll = time.monotonic() + self.poll_interval
+            log.warning("another master %#018x ranks below us: waiting for its handover", self.master.guid)
+            return False
+        self.waiting_handover = False
+        return True
+
+    async def check_peers(self) -> bool:
+        """A master's light sweep: ask the SMs we know; True when one is now master or better (elect again)."""
+        if self.state != SmState.MASTER or not self.peers:
+            return False
+        peers = list(self.peers.values())
+        answers = await asyncio.gather(*(self._get_sminfo(p.route) for p in peers))
+        mine = _rank(self.priority, self.guid)
+        for p, info in zip(peers, answers, strict=True):
+            if info is None:
+                continue
+            state, prio = info.get("SMState", 0), info.get("Priority", 0)
+            if state == SmState.MASTER or (state != SmState.NOT_ACTIVE and _rank(prio, p.guid) > mine):
+                return True
+        return False
+
+    def took_first_sweep(self) -> bool:
+        """Whether the sweep about to program is this master's first (and clear it)."""
+        first, self.first_sweep = self.first_sweep, False
+        return first
+
+    # -- standby ----------------------------------------------------------------------
+
+    def next_poll_in(self) -> float | None:
+        """Seconds until the master should be polled (None when we poll nobody)."""
+        if self.master is None or not (self.state == SmState.STANDBY or self.waiting_handover):
+            return None
+        return max(0.0, self._next_poll - time.monotonic())
+
+    async def poll(self) -> bool:
+        """Ask the master's SMInfo (retried at once when it fails); True when it is gone or no longer master.
+
+        Then we are DISCOVERING and the manager sweeps (heavy) to take over.
+        """
+        master = self.master
+        if master is None:
+            return False
+        self._next_poll = time.monotonic() + self.poll_interval
+        info = None
+        for attempt in range(1 + self.poll_retries):
+            self.polls += 1
+            info = await self._get_sminfo(master.route)
+            if info is not None and info.get("GUID") == master.guid:
+                break
+            self.poll_failures += 1
+            info = None
+            log.info("master %#018x did not answer poll %d", master.guid, attempt + 1)
+        if info is None:
+            self.takeovers += 1
+            self._set(SmState.DISCOVERING, f"master {master.guid:#018x} stopped answering")
+            self.master = None
+            return True
+        state = info.get("SMState", 0)
+        if state != SmState.MASTER:
+            if self.waiting_handover:
+                self.waiting_handover = False
+                self.master = None
+                self.first_sweep = True
+                return True
+            self._set(SmState.DISCOVERING, f"{master.guid:#018x} is no longer master")
+            self.master = None
+            return True
+        if _rank(self.priority, self.guid) > _rank(info.get("Priority", 0), master.guid):
+            self._remind(master)
+        return False
+
+    def _remind(self, master: PeerSm) -> None:
+        """Trap 144 (SM priority change) to a master that ranks below us, so it hands over (as OpenSM)."""
+        lid = self._lid()
+        if not master.lid or not lid:
+            return
+        self._trap_tid = self._trap_tid + 1 if self._trap_tid < 0xFFFFFFFF else 1
+        caps = int(PortCap.IS_SM | PortCap.IS_TRAP_SUPPORTED | PortCap.IS_CLIENT_REREGISTRATION_SUPPORTED)
+        notice = trap144_pack(lid, caps, other_local_changes=True, change_flags=SM_PRIORITY_CHANGE)
+        try:
+            self.transport.post(trap_mad(notice, self._trap_tid), master.lid)
+        except (IbfmError, ValueError) as e:
+            log.debug("Trap 144 to LID %d not sent: %s", master.lid, e)
