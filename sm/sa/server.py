@@ -1,0 +1,401 @@
+"""The SA server: requests in, checked, answered from the snapshot by the family of their attribute.
+
+A request's life (IBA 15.4, and OpenSM's ``osm_sa.c``/``osm_sa_respond``):
+
+- It arrives on the event loop (the transport's service hook). Anything that
+  is not an SA request we can read (short, wrong version) gets a status or
+  is dropped and counted; the service never raises.
+- Its attribute picks a family (:class:`Family`); the method must be one the
+  family takes (else status 0x000C). Before the first snapshot, or while
+  we are not the master SM, the answer is BUSY (hosts retry) instead of
+  silence.
+- The family returns the matching records as packed rows (numpy ``uint8[k,
+  size]``); a Get wants exactly one (none: ERR_NO_RECORDS, more:
+  ERR_TOO_MANY_RECORDS), a GetTable takes all (none is an empty table). A
+  family that refuses raises :class:`SaError` with an SA status.
+- The answer copies the request's header (TID, attribute, component mask),
+  sets the response method (a Set is answered by GetResp), SM_Key 0,
+  AttributeOffset the record size in 8-byte words (0 with no records). A
+  GetTableResp is RMPP: the kernel segments it where the transport has
+  kernel RMPP (umad); elsewhere :class:`~fabric.mad.rmpp.RmppSender` sends
+  the segments and follows the requester's ACKs, with timeouts and resends.
+
+The families are pure functions of (snapshot, store, request): the sweep
+never waits for the SA, and the SA never sees a snapshot being built (it
+reads the one the manager last published, replaced whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from fabric.mad import MadError
+from fabric.mad.rmpp import RmppSender, RmppType, segments
+from fabric.mad.sa import (
+    SA_CLASS,
+    SA_CLASS_VERSION,
+    SA_DATA_OFFSET,
+    SaMad,
+    SaMethod,
+    SaStatus,
+    parse_sa,
+)
+from sm.transport.base import MadAddress, WindowedTransport
+
+log = logging.getLogger(__name__)
+
+Rows = npt.NDArray[np.uint8]
+"""Packed records, one per row (``uint8[k, record size]``)."""
+
+_RESPONSE = {
+    SaMethod.GET: SaMethod.GET_RESP,
+    SaMethod.SET: SaMethod.GET_RESP,
+    SaMethod.GET_TABLE: SaMethod.GET_TABLE_RESP,
+    SaMethod.DELETE: SaMethod.DELETE_RESP,
+    SaMethod.GET_MULTI: SaMethod.GET_MULTI_RESP,
+}
+RMPP_TIMEOUT_S = 0.2
+"""Time an RMPP sender waits for an ACK before sending again from the last one acknowledged."""
+RMPP_RETRIES = 5
+MAX_TABLE_RECORDS = 65535
+"""Largest GetTable answer (records): beyond, ERR_NO_RESOURCES."""
+
+
+class SaError(Exception):
+    """A request a family refuses, with the SA status that says why."""
+
+    def __init__(self, status: int, why: str = "") -> None:
+        super().__init__(why or f"SA status {status:#06x}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SaRequest:
+    """One request as a family sees it."""
+
+    mad: SaMad
+    src: MadAddress
+    trusted: bool
+    """It carried the SA's SM_Key (what PKeyTableRecord and other privileged answers need)."""
+
+    @property
+    def mask(self) -> int:
+        return self.mad.component_mask
+
+
+class Family(Protocol):
+    """One record family (one attribute): what it answers and how."""
+
+    attr: ClassVar[int]
+    size: ClassVar[int]
+    """Record size in bytes."""
+    methods: ClassVar[frozenset[int]]
+
+    def query(self, ctx: SaContext, req: SaRequest) -> Rows:
+        """The records a Get or GetTable selects (a Set or Delete: the records it made or removed)."""
+        ...
+
+
+@dataclass
+class SaContext:
+    """What a family reads: the snapshot (may be None before the first), the SA's store, the time."""
+
+    snapshot: Any
+    store: Any
+    now: float
+    cache: dict[str, Any]
+    """Per-snapshot arrays the families build once (cleared when the snapshot changes)."""
+    sm: Any = None
+    """The SM's own state (election) for SMInfoRecord; None outside a daemon."""
+
+
+@dataclass
+class SaStats:
+    received: int = 0
+    answered: int = 0
+    records: int = 0
+    """Records sent in answers."""
+    status: Counter[int] = field(default_factory=Counter)
+    """Answers by MAD status."""
+    busy: int = 0
+    dropped: int = 0
+    """Requests not answered at all (unreadable, responses that belong to nobody, send failures)."""
+    rmpp_segments: int = 0
+    rmpp_resent: int = 0
+    rmpp_aborted: int = 0
+    by_attr: Counter[int] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "received": self.received,
+            "answered": self.answered,
+            "records": self.records,
+            "busy": self.busy,
+            "dropped": self.dropped,
+            "rmpp_segments": self.rmpp_segments,
+            "rmpp_resent": self.rmpp_resent,
+            "rmpp_aborted": self.rmpp_aborted,
+            "status": {f"{k:#06x}": v for k, v in sorted(self.status.items())},
+        }
+
+
+@dataclass
+class _Outgoing:
+    """One multi-segment answer being sent with RMPP by us."""
+
+    sender: RmppSender
+    to: MadAddress
+    tries: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+class SaServer:
+    """Answers SA requests that reach the SM's port, from the current snapshot.
+
+    ``snapshot()`` returns the snapshot to answer from (None before the
+    first); ``ready()`` says whether we may answer at all (we are the master
+    SM). ``families`` are the record families, by attribute.
+    """
+
+    def __init__(
+        self,
+        transport: WindowedTransport,
+        families: Iterable[Family],
+        snapshot: Callable[[], Any],
+        *,
+        store: Any = None,
+        sm_key: int = 0,
+        ready: Callable[[], bool] = lambda: True,
+        sm: Any = None,
+    ) -> None:
+        self.transport = transport
+        self.families: dict[int, Family] = {}
+        for f in families:
+            if f.attr in self.families:
+                raise ValueError(f"two SA families for attribute {f.attr:#06x}")
+            self.families[f.attr] = f
+        self._snapshot = snapshot
+        self._ready = ready
+        self.store = store
+        self.sm_key = sm_key
+        self.sm = sm
+        self.stats = SaStats()
+        self._cache: dict[str, Any] = {}
+        self._cache_of: object = None
+        self._out: dict[tuple[int, int, int], _Outgoing] = {}
+        self.kernel_rmpp = bool(getattr(transport, "kernel_rmpp", False))
+
+    # -- entry ----------------------------------------------------------------------
+
+    def take(self, raw: bytes, src: MadAddress) -> bool:
+        """The transport's service hook for class 0x03: always takes the MAD (answers or counts it)."""
+        st = self.stats
+        st.received += 1
+        if len(raw) < SA_DATA_OFFSET or raw[1] != SA_CLASS:
+            st.dropped += 1
+            return True
+        if raw[3] & 0x80:  # the requester's RMPP ACK / STOP / ABORT of an answer of ours
+            self._rmpp_control(raw, src)
+            return True
+        try:
+            mad = parse_sa(raw)
+        except MadError:
+            st.dropped += 1
+            return True
+        if mad.base_version != 1 or mad.class_version != SA_CLASS_VERSION:
+            self._error(mad, src, SaStatus.BAD_VERSION)
+            return True
+        st.by_attr[mad.attr_id] += 1
+        family = self.families.get(mad.attr_id)
+        if mad.method not in _RESPONSE:
+            self._error(mad, src, SaStatus.METHOD_UNSUPPORTED)
+            return True
+        if family is None or mad.method not in family.methods:
+            self._error(mad, src, SaStatus.METHOD_ATTR_UNSUPPORTED)
+            return True
+        snap = self._snapshot()
+        if snap is None or not self._ready():
+            st.busy += 1
+            self._error(mad, src, SaStatus.BUSY)
+            return True
+        if snap is not self._cache_of:
+            self._cache = {}
+            self._cache_of = snap
+        ctx = SaContext(snap, self.store, time.monotonic(), self._cache, self.sm)
+        req = SaRequest(mad, src, trusted=self.sm_key != 0 and mad.sm_key == self.sm_key)
+        try:
+            rows = family.query(ctx, req)
+        except SaError as e:
+            log.debug("SA %s %#06x from LID %#x: %s", mad.method, mad.attr_id, src.lid, e)
+            self._error(mad, src, e.status)
+            return True
+        except Exception:  # a family's bug: a status for the host, the traceback for us
+            log.exception("SA family %#06x failed on a request from LID %#x", mad.attr_id, src.lid)
+            self._error(mad, src, SaStatus.ERR_NO_RESOURCES)
+            return True
+        self._answer(mad, src, family, rows)
+        return True
+
+    # -- answers --------------------------------------------------------------------
+
+    def _answer(self, mad: SaMad, src: MadAddress, family: Family, rows: Rows) -> None:
+        n = int(rows.shape[0])
+        if mad.method in (SaMethod.GET, SaMethod.SET, SaMethod.DELETE):
+            if n == 0:
+                self._error(mad, src, SaStatus.ERR_NO_RECORDS)
+                return
+            if n > 1 and mad.method == SaMethod.GET:
+                self._error(mad, src, SaStatus.ERR_TOO_MANY_RECORDS)
+                return
+            rows = rows[:1]
+            n = 1
+        elif n > MAX_TABLE_RECORDS:
+            self._error(mad, src, SaStatus.ERR_NO_RESOURCES)
+            return
+        method = _RESPONSE[SaMethod(mad.method)]
+        offset = (family.size + 7) // 8 if n else 0
+        stride = offset * 8
+        if stride != family.size and n:
+            body = np.zeros((n, stride), np.uint8)
+            body[:, : family.size] = rows
+            payload = body.tobytes()
+        else:
+            payload = rows.tobytes()
+        head = bytearray(mad.raw[:SA_DATA_OFFSET])
+        head[3] = method
+        head[4:6] = b"\0\0"
+        head[36:44] = bytes(8)  # SM_Key: always 0 in answers (C15-0.1.5)
+        head[44:46] = offset.to_bytes(2, "big")
+        st = self.stats
+        st.records += n
+        if method != SaMethod.GET_TABLE_RESP:
+            head[24:36] = bytes(12)
+            self._send(bytes(head) + payload[: 256 - SA_DATA_OFFSET], src, 0)
+            return
+        if self.kernel_rmpp or len(payload) <= 256 - SA_DATA_OFFSET:
+            # One buffer: the kernel's RMPP cuts it (flags ACTIVE, as OpenSM hands it over);
+            # a single-MAD table goes as one DATA segment, FIRST and LAST.
+            head[24] = 1
+            head[25] = int(RmppType.DATA)
+            head[26] = (head[26] & 0xF8) | 0x01 if self.kernel_rmpp else (head[26] & 0xF8) | 0x07
+            head[27] = 0
+            if self.kernel_rmpp:
+                self._send(bytes(head) + payload, src, 0)
+                return
+        segs = segments(bytes(head), payload)
+        if len(segs) == 1:
+            self._send(segs[0], src, 0)
+            return
+        key = (src.lid, id(src.via), mad.tid)
+        old = self._out.pop(key, None)
+        if old is not None and old.timer is not None:
+            old.timer.cancel()
+        out = _Outgoing(RmppSender(segs), src)
+        self._out[key] = out
+        for s in out.sender.first():
+            self._send(s, src, 0, segment=True)
+        self._arm(key, out)
+
+    def _error(self, mad: SaMad, src: MadAddress, status: int) -> None:
+        method = _RESPONSE.get(SaMethod(mad.method), SaMethod.GET_RESP) if mad.method in _RESPONSE else 0x81
+        head = bytearray(mad.raw[:SA_DATA_OFFSET])
+        head[3] = method
+        head[4:6] = int(status).to_bytes(2, "big")
+        head[24:36] = bytes(12)
+        head[36:44] = bytes(8)
+        head[44:46] = b"\0\0"
+        self._send(bytes(head).ljust(256, b"\0"), src, status)
+
+    def _send(self, mad: bytes, to: MadAddress, status: int, *, segment: bool = False) -> None:
+        st = self.stats
+        try:
+            self.transport.reply(mad if len(mad) >= 256 else mad.ljust(256, b"\0"), to)
+        except Exception as e:  # the host is gone, the transport closed: counted, never raised
+            st.dropped += 1
+            log.debug("SA answer to LID %#x not sent: %s", to.lid, e)
+            return
+        if segment:
+            st.rmpp_segments += 1
+            return
+        st.answered += 1
+        st.status[status] += 1
+
+    # -- RMPP (where the transport does not segment) ------------------------------------
+
+    def _arm(self, key: tuple[int, int, int], out: _Outgoing) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if out.timer is not None:
+            out.timer.cancel()
+        out.timer = loop.call_later(RMPP_TIMEOUT_S, self._rmpp_timeout, key)
+
+    def _rmpp_timeout(self, key: tuple[int, int, int]) -> None:
+        out = self._out.get(key)
+        if out is None:
+            return
+        out.tries += 1
+        if out.tries > RMPP_RETRIES:
+            del self._out[key]
+            self.stats.rmpp_aborted += 1
+            return
+        segs = out.sender.on_timeout()
+        self.stats.rmpp_resent += len(segs)
+        for s in segs:
+            self._send(s, out.to, 0, segment=True)
+        self._arm(key, out)
+
+    def _rmpp_control(self, raw: bytes, src: MadAddress) -> None:
+        tid = int.from_bytes(raw[8:16], "big")
+        key = (src.lid, id(src.via), tid)
+        out = self._out.get(key)
+        if out is None:
+            self.stats.dropped += 1
+            return
+        kind = raw[25]
+        if kind == RmppType.ACK:
+            seg = int.from_bytes(raw[28:32], "big")
+            nwl = int.from_bytes(raw[32:36], "big")
+            out.tries = 0
+            for s in out.sender.on_ack(seg, nwl):
+                self._send(s, out.to, 0, segment=True)
+            if out.sender.done:
+                if out.timer is not None:
+                    out.timer.cancel()
+                del self._out[key]
+                self.stats.answered += 1
+                self.stats.status[0] += 1
+            else:
+                self._arm(key, out)
+        else:  # STOP or ABORT: the requester gave up
+            if out.timer is not None:
+                out.timer.cancel()
+            del self._out[key]
+            self.stats.rmpp_aborted += 1
+
+    def close(self) -> None:
+        for out in self._out.values():
+            if out.timer is not None:
+                out.timer.cancel()
+        self._out.clear()
+
+
+__all__ = [
+    "Family",
+    "Rows",
+    "SaContext",
+    "SaError",
+    "SaRequest",
+    "SaServer",
+    "SaStats",
+]
