@@ -63,6 +63,7 @@ _RESPONSE = {
     SaMethod.DELETE: SaMethod.DELETE_RESP,
     SaMethod.GET_MULTI: SaMethod.GET_MULTI_RESP,
 }
+_RMPP_CONTROL = (int(RmppType.ACK), int(RmppType.STOP), int(RmppType.ABORT))
 RMPP_TIMEOUT_S = 0.2
 """Time an RMPP sender waits for an ACK before sending again from the last one acknowledged."""
 RMPP_RETRIES = 5
@@ -203,8 +204,13 @@ class SaServer:
         if len(raw) < SA_DATA_OFFSET or raw[1] != SA_CLASS:
             st.dropped += 1
             return True
-        if raw[3] & 0x80:  # the requester's RMPP ACK / STOP / ABORT of an answer of ours
+        if raw[24] == 1 and raw[26] & 1 and raw[25] in _RMPP_CONTROL:
+            # The requester's RMPP ACK / STOP / ABORT of an answer of ours (its method is the request's:
+            # the receiver flips the response bit of the segment it acknowledges).
             self._rmpp_control(raw, src)
+            return True
+        if raw[3] & 0x80:  # an answer to nothing we asked
+            st.dropped += 1
             return True
         try:
             mad = parse_sa(raw)

@@ -1,0 +1,642 @@
+"""PathRecord (IBA 15.2.5.16): the paths between end ports, from the routes actually programmed.
+
+Semantics as OpenSM's ``osm_sa_path_record.c`` (3.3):
+
+- The source is named by SGID (its low 64 bits are a port GUID; the prefix must be
+  link-local or the subnet's) and/or SLID, the destination by DGID and/or DLID. A GID and a
+  LID naming different ports: ERR_REQ_INVALID. An unknown GID or LID: no records (0x0300 on a
+  Get, an empty table on a GetTable), as OpenSM, which answers with the empty list.
+- Source and destination: that port pair. Only one of them: every end port (switch port 0
+  included, the port itself too) on the other side, in OpenSM's order (its port GUID map: the
+  GUID's bytes as a little-endian number, what a network-order key sorts as on x86). Neither:
+  every pair, destinations outer. A Get stops at the first port pair with a path and takes one.
+- With LMC > 0 a port pair has paths over each LID pair: first (src_i, dst_i) (Preference 0),
+  then the others (Preference 2); SLID/DLID in the mask fix that side's LID. NumbPath (GetTable)
+  caps the paths per port pair; a Get takes one.
+- MTU is the smallest NeighborMTU, Rate the smallest link rate (width x speed as an IBA rate
+  code) over every port the route programmed in the LFTs crosses (both ends of each link);
+  PacketLifeTime the subnet timeout (18), 0 for a port to itself. MTU, Rate and
+  PacketLifeTime selectors (with their value in the mask) filter and adjust as OpenSM's
+  ``pr_rcv_get_path_parms``: 0 greater than (no record unless the path's is greater),
+  1 less than (the next smaller value below the requested one), 2 exactly (the requested one
+  if the path can), 3 best. A bad MTU or rate code with its selector: ERR_REQ_INVALID; one
+  half of ServiceID: ERR_REQ_INSUFFICIENT_COMPONENTS.
+- Answers: SGID/DGID the subnet prefix and port GUIDs, ServiceID 0, FlowLabel/HopLimit/TClass
+  0, Reversible set when the reverse route exists (NumbPath 0), P_Key and SL from
+  :func:`pair_pkey` and :func:`pair_sl` (hooks for partitions and QoS; today 0xFFFF and 0, or
+  the requested SL), QoSClass 0, selectors "exactly".
+
+Everything is arrays: per snapshot (``ctx.cache``) the per-port MTU and rate rank, and, filled
+as queries come, the path minimum from every switch to one destination LID (a column, what a
+Get needs) or from one switch to every LID (a row, what a GetTable from one source needs), each
+traced hop by hop through the LFT for all its cells at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from fabric.mad.sa import SaAttr, SaMethod, SaStatus, component_bit
+from fabric.model import NodeType
+from sm.sa.server import MAX_TABLE_RECORDS, Rows, SaContext, SaError, SaRequest
+
+DEFAULT_SUBNET_PREFIX = 0xFE80000000000000
+SUBNET_TIMEOUT = 18
+"""OpenSM's default subnet_timeout: the PacketLifeTime of its paths."""
+DEFAULT_PKEY = 0xFFFF
+DEFAULT_SL = 0
+
+_A = int(SaAttr.PATH_RECORD)
+_SERVICE_ID = component_bit(_A, "ServiceID")
+_DGID = component_bit(_A, "DGID")
+_SGID = component_bit(_A, "SGID")
+_DLID = component_bit(_A, "DLID")
+_SLID = component_bit(_A, "SLID")
+_RAW = component_bit(_A, "RawTraffic")
+_REVERSIBLE = component_bit(_A, "Reversible")
+_NUMBPATH = component_bit(_A, "NumbPath")
+_PKEY = component_bit(_A, "P_Key")
+_SL = component_bit(_A, "SL")
+_MTU_SEL = component_bit(_A, "MTUSelector")
+_MTU = component_bit(_A, "MTU")
+_RATE_SEL = component_bit(_A, "RateSelector")
+_RATE = component_bit(_A, "Rate")
+_PLT_SEL = component_bit(_A, "PacketLifeTimeSelector")
+_PLT = component_bit(_A, "PacketLifeTime")
+
+# IBA rate codes (PathRecord Rate, ib_types.h IB_PATH_RECORD_RATE_*) by nominal Gb/s.
+RATE_CODE_GBPS: dict[int, float] = {
+    2: 2.5, 5: 5, 3: 10, 11: 14, 6: 20, 15: 25, 19: 28, 4: 30, 7: 40, 20: 50, 12: 56, 8: 60,
+    9: 80, 16: 100, 13: 112, 10: 120, 14: 168, 17: 200, 18: 300, 21: 400, 22: 600, 23: 800,
+    24: 1200,
+}  # fmt: skip
+_CODES = sorted(RATE_CODE_GBPS, key=lambda c: RATE_CODE_GBPS[c])
+_RANK_OF_CODE = np.zeros(256, np.uint8)
+for _i, _c in enumerate(_CODES):
+    _RANK_OF_CODE[_c] = _i + 1
+_CODE_OF_RANK = np.zeros(256, np.uint8)
+_CODE_OF_RANK[1 : len(_CODES) + 1] = _CODES
+_GBPS_OF_RANK = np.array([0.0] + [RATE_CODE_GBPS[c] for c in _CODES])
+# Nominal Gb/s per lane by fabric.model.Speed (FDR10 signals as QDR: 4x is 40 Gb/s).
+_LANE_GBPS = {1: 2.5, 2: 5.0, 3: 10.0, 4: 10.0, 5: 14.0, 6: 25.0, 7: 50.0, 8: 100.0, 9: 200.0}
+_LANES = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
+NO_HOP = 255
+"""In the traced tables: no link crossed (the destination is the switch itself)."""
+
+
+def rate_code(width: int, speed: int) -> int:
+    """The IBA rate code of a link (PortInfo width code, fabric.model.Speed); 0 if unknown."""
+    g = _LANES.get(width, 0) * _LANE_GBPS.get(speed, 0.0)
+    if g <= 0:
+        return 0
+    best = 0
+    for c in _CODES:  # the largest rate not above the link's (they are all exact today)
+        if RATE_CODE_GBPS[c] <= g + 1e-9:
+            best = c
+    return best
+
+
+def pair_pkey(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], requested: int | None) -> int | None:
+    """The P_Key of paths between two end ports, or None when they share none (or not ``requested``).
+
+    Hook for partitions (issue 16): today every port is a full member of the default partition.
+    """
+    if requested is None:
+        return DEFAULT_PKEY
+    return requested if requested & 0x7FFF == 0x7FFF else None
+
+
+def pair_sl(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], pkey: int) -> int:
+    """The SL of paths between two end ports (hook for QoS, issue 17): today the default SL."""
+    return DEFAULT_SL
+
+
+@dataclass
+class _Base:
+    """Per-snapshot arrays."""
+
+    nports: int
+    sw: npt.NDArray[np.intp]
+    row_of: npt.NDArray[np.intp]
+    lft: npt.NDArray[np.uint8]
+    node_of_row: npt.NDArray[np.intp]
+    up: npt.NDArray[np.bool_]
+    """Flat ``node * nports + port``."""
+    peer: npt.NDArray[np.intp]
+    """Flat key of the peer port (0 where none: guarded by ``up``)."""
+    mtu: npt.NDArray[np.uint8]
+    rank: npt.NDArray[np.uint8]
+    owner_key: npt.NDArray[np.intp]
+    """Flat key of the end port owning each LID, -1 where unused."""
+    owner_node: npt.NDArray[np.intp]
+    max_hops: int
+    # end ports, in OpenSM's order
+    ep_node: npt.NDArray[np.intp]
+    ep_port: npt.NDArray[np.intp]
+    ep_key: npt.NDArray[np.intp]
+    ep_base: npt.NDArray[np.int64]
+    ep_guid: npt.NDArray[np.uint64]
+    ep_gid: npt.NDArray[np.uint8]
+    """``uint8[n, 16]``: each end port's GID (subnet prefix + port GUID), big-endian."""
+    ep_is_sw: npt.NDArray[np.bool_]
+    ep_first: npt.NDArray[np.intp]
+    """Switch row a packet from the end port enters first (its own for a switch), -1 if none."""
+    ep_link_mtu: npt.NDArray[np.uint8]
+    ep_link_rank: npt.NDArray[np.uint8]
+    """A CA port's own link (both ends); a switch's port 0 values."""
+    ep_peer_key: npt.NDArray[np.intp]
+    ep_of_guid: dict[int, int]
+    ep_of_lid: npt.NDArray[np.intp]
+    p0_mtu: npt.NDArray[np.uint8]
+    p0_rank: npt.NDArray[np.uint8]
+    """Per node: switch port 0's MTU and rate rank (NO_HOP: no limit, and for CAs)."""
+    gid_bytes: list[bytes]
+    span: int
+    prefix: int
+    cols: dict[int, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = field(default_factory=dict)
+    rows: dict[int, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = field(default_factory=dict)
+
+
+def _base(snap: Any) -> _Base:
+    f = snap.fabric
+    lids = snap.lids
+    P = int(f.port_exists.shape[1])
+    sw = np.asarray(f.switches, np.intp)
+    row_of = np.full(f.n_nodes, -1, np.intp)
+    row_of[sw] = np.arange(sw.size)
+    up2 = f.up_mask()
+    up = up2.ravel()
+    peer = np.where(up2, f.peer_node.astype(np.intp) * P + f.peer_port.astype(np.intp), 0).ravel()
+    link_mtu = np.asarray(snap.links.mtu, np.uint8)
+    mtu2 = np.where(link_mtu > 0, link_mtu, f.mtu_active).astype(np.uint8)
+    w = f.width_active.astype(np.int64)
+    s = f.speed_active.astype(np.int64)
+    codes = np.zeros(w.shape, np.uint8)
+    for wc in np.unique(w).tolist():
+        for sc in np.unique(s[w == wc]).tolist():
+            codes[(w == wc) & (s == sc)] = rate_code(int(wc), int(sc))
+    rank2 = _RANK_OF_CODE[codes]
+    mtu2 = np.where(up2, mtu2, 0).astype(np.uint8)
+    rank2 = np.where(up2, rank2, 0).astype(np.uint8)
+    # switch port 0: values of no link; as OpenSM's port 0 PortInfo where the model has it
+    mtu = mtu2.ravel().copy()
+    rank = rank2.ravel().copy()
+    own_lids = lids.owner_node >= 0
+    owner_key = np.where(own_lids, lids.owner_node.astype(np.intp) * P + lids.owner_port.astype(np.intp), -1)
+
+    ep = np.argwhere(lids.base > 0).astype(np.intp)
+    ep_node, ep_port = ep[:, 0], ep[:, 1]
+    guid = f.port_guid[ep_node, ep_port].astype(np.uint64)
+    order = np.argsort(guid.byteswap(), kind="stable")  # OpenSM's cl_qmap over network-order keys (x86)
+    ep_node, ep_port, guid = ep_node[order], ep_port[order], guid[order]
+    ep_key = ep_node * P + ep_port
+    ep_base = lids.base[ep_node, ep_port].astype(np.int64)
+    is_sw = f.node_type[ep_node] == NodeType.SWITCH
+    prefix = int(getattr(snap, "subnet_prefix", DEFAULT_SUBNET_PREFIX))
+    gid = np.zeros((ep_node.size, 16), np.uint8)
+    gid[:, :8] = np.frombuffer(prefix.to_bytes(8, "big"), np.uint8)
+    gid[:, 8:] = guid.astype(">u8").view(np.uint8).reshape(-1, 8)
+    ep_peer = peer[ep_key]
+    ep_up = up[ep_key]
+    first = np.where(is_sw, row_of[ep_node], np.where(ep_up, row_of[ep_peer // P], -1))
+    link_mtu_ep = np.where(ep_up, np.minimum(mtu[ep_key], mtu[ep_peer]), 0).astype(np.uint8)
+    link_rank_ep = np.where(ep_up, np.minimum(rank[ep_key], rank[ep_peer]), 0).astype(np.uint8)
+    # switch port 0 (OpenSM counts its PortInfo at a path's switch end): its MTUCap and the rate of
+    # its width and speed where the model has them, else no limit of its own
+    p0_mtu = np.full(f.n_nodes, NO_HOP, np.uint8)
+    p0_rank = np.full(f.n_nodes, NO_HOP, np.uint8)
+    for n in sw.tolist():
+        m0 = int(f.mtu_cap[n, 0])
+        r0 = int(_RANK_OF_CODE[rate_code(int(f.width_active[n, 0]), int(f.speed_active[n, 0]))])
+        p0_mtu[n] = m0 if 0 < m0 <= 5 else NO_HOP
+        p0_rank[n] = r0 or NO_HOP
+    for i in np.flatnonzero(is_sw).tolist():  # a switch to itself: port 0, else its best link
+        n = int(ep_node[i])
+        ports = slice(n * P + 1, n * P + P)
+        link_mtu_ep[i] = p0_mtu[n] if p0_mtu[n] != NO_HOP else int(mtu[ports].max(initial=0)) or 4
+        link_rank_ep[i] = p0_rank[n] if p0_rank[n] != NO_HOP else int(rank[ports].max(initial=0)) or 1
+    ep_of_lid = np.full(lids.max_lid + 1, -1, np.intp)
+    for k in range(1 << lids.lmc):
+        ep_of_lid[ep_base + k] = np.arange(ep_node.size)
+    return _Base(
+        nports=P,
+        sw=sw,
+        row_of=row_of,
+        lft=np.asarray(snap.lft),
+        node_of_row=sw,
+        up=up,
+        peer=peer,
+        mtu=mtu,
+        rank=rank,
+        owner_key=owner_key,
+        owner_node=lids.owner_node.astype(np.intp),
+        max_hops=int(sw.size) + 1,
+        ep_node=ep_node,
+        ep_port=ep_port,
+        ep_key=ep_key,
+        ep_base=ep_base,
+        ep_guid=guid,
+        ep_gid=gid,
+        ep_is_sw=is_sw,
+        ep_first=first,
+        ep_link_mtu=link_mtu_ep,
+        ep_link_rank=link_rank_ep,
+        ep_peer_key=ep_peer,
+        ep_of_guid={int(g): i for i, g in enumerate(guid.tolist())},
+        ep_of_lid=ep_of_lid,
+        p0_mtu=p0_mtu,
+        p0_rank=p0_rank,
+        gid_bytes=[bytes(g) for g in gid],
+        span=1 << lids.lmc,
+        prefix=prefix,
+    )
+
+
+def trace(
+    b: _Base, rows: npt.NDArray[np.intp], lids: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """Smallest MTU and rate rank from switch ``rows[i]`` to ``lids[i]`` along the LFTs, elementwise.
+
+    0: no route (a hole, a down port, a loop, the wrong end port); NO_HOP: the switch owns the LID.
+    """
+    n = rows.size
+    out_m = np.zeros(n, np.uint8)
+    out_r = np.zeros(n, np.uint8)
+    idx = np.arange(n)
+    cur = rows.astype(np.intp)
+    lid = lids.astype(np.intp)
+    m = np.full(n, NO_HOP, np.uint8)
+    r = np.full(n, NO_HOP, np.uint8)
+    P = b.nports
+    for _ in range(b.max_hops):
+        if not idx.size:
+            break
+        port = b.lft[cur, lid].astype(np.intp)
+        node = b.sw[cur]
+        here = (port == 0) & (b.owner_key[lid] == node * P)
+        out_m[idx[here]] = np.minimum(m[here], b.p0_mtu[node[here]])
+        out_r[idx[here]] = np.minimum(r[here], b.p0_rank[node[here]])
+        key = node * P + port
+        go = (port != 0) & (port < P) & b.up[np.where(port < P, key, 0)]
+        idx, lid, key, m, r = idx[go], lid[go], key[go], m[go], r[go]
+        pk = b.peer[key]
+        m = np.minimum(m, np.minimum(b.mtu[key], b.mtu[pk]))
+        r = np.minimum(r, np.minimum(b.rank[key], b.rank[pk]))
+        nrow = b.row_of[pk // P]
+        ca = nrow < 0
+        got = ca & (b.owner_key[lid] == pk)
+        out_m[idx[got]] = m[got]
+        out_r[idx[got]] = r[got]
+        on = ~ca
+        idx, lid, cur, m, r = idx[on], lid[on], nrow[on], m[on], r[on]
+    return out_m, out_r
+
+
+def _table(
+    b: _Base, rows: npt.NDArray[np.intp], lids: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """``trace`` through the per-snapshot caches: a column when one LID, a row when one switch."""
+    if not rows.size:
+        return np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+    if (lids == lids[0]).all():
+        d = int(lids[0])
+        col = _column(b, d)
+        return col[0][rows], col[1][rows]
+    if (rows == rows[0]).all():
+        s = int(rows[0])
+        row = b.rows.get(s)
+        if row is None:
+            alll = np.arange(b.owner_key.size, dtype=np.intp)
+            row = b.rows[s] = trace(b, np.full(alll.size, s, np.intp), alll)
+        return row[0][lids], row[1][lids]
+    return trace(b, rows, lids)
+
+
+def path_values(
+    b: _Base, src: npt.NDArray[np.intp], dlid: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """(MTU code, rate rank) of the path from end port ``src[i]`` (index) to ``dlid[i]``; 0: none."""
+    dst = b.ep_of_lid[dlid]
+    first = b.ep_first[src]
+    loop = dst == src
+    via = (first >= 0) & ~loop
+    # a CA cabled straight to the destination CA
+    direct = via & ~b.ep_is_sw[src] & (b.row_of[b.ep_peer_key[src] // b.nports] < 0)
+    direct_ok = direct & (b.owner_key[dlid] == b.ep_peer_key[src])
+    sw_path = via & ~direct
+    tm = np.zeros(src.size, np.uint8)
+    tr = np.zeros(src.size, np.uint8)
+    k = np.flatnonzero(sw_path)
+    if k.size:
+        tm[k], tr[k] = _table(b, first[k], dlid[k])
+    lm, lr = b.ep_link_mtu[src], b.ep_link_rank[src]
+    cm = np.minimum(lm, tm)  # a switch source: its port 0 (as OpenSM), NO_HOP above every value
+    cr = np.minimum(lr, tr)
+    mtu = np.where(loop | direct_ok, lm, np.where(sw_path, cm, 0)).astype(np.uint8)
+    rank = np.where(loop | direct_ok, lr, np.where(sw_path, cr, 0)).astype(np.uint8)
+    bad = (mtu == 0) | (rank == 0)
+    mtu[bad] = 0
+    rank[bad] = 0
+    return mtu, rank
+
+
+def _select(
+    val: npt.NDArray[np.int64], ok: npt.NDArray[np.bool_], sel: int, req: int, lowest: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """OpenSM's selector rule on ordinal values: (adjusted values, still acceptable)."""
+    if sel == 0:
+        return val, ok & (val > req)
+    if sel == 1:
+        if req > lowest:
+            return np.where(val >= req, req - 1, val), ok
+        return val, ok & (val < req)
+    if sel == 2:
+        return np.where(val >= req, req, val), ok & (val >= req)
+    return val, ok
+
+
+def _select1(val: int, sel: int, req: int) -> int:
+    """:func:`_select` for one value: the adjusted value, or -1 when it is not acceptable."""
+    if sel == 0:
+        return val if val > req else -1
+    if sel == 1:
+        if val < req:
+            return val
+        return req - 1 if req > 1 else -1
+    if sel == 2:
+        return req if val >= req else -1
+    return val
+
+
+def _column(b: _Base, lid: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    col = b.cols.get(lid)
+    if col is None:
+        allr = np.arange(b.sw.size, dtype=np.intp)
+        col = b.cols[lid] = trace(b, allr, np.full(allr.size, lid, np.intp))
+    return col
+
+
+def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
+    """:func:`path_values` for one end port and LID, without array set-up (a Get's cost)."""
+    dst = int(b.ep_of_lid[dlid])
+    if dst == src:
+        return int(b.ep_link_mtu[src]), int(b.ep_link_rank[src])
+    first = int(b.ep_first[src])
+    lm, lr = int(b.ep_link_mtu[src]), int(b.ep_link_rank[src])
+    if b.ep_is_sw[src]:
+        m_col, r_col = _column(b, dlid)
+        tm, tr = int(m_col[first]), int(r_col[first])
+        m, r = min(lm, tm), min(lr, tr)
+    else:
+        if first < 0:
+            return 0, 0
+        peer = int(b.ep_peer_key[src])
+        if b.row_of[peer // b.nports] < 0:  # a CA cabled to a CA
+            return (lm, lr) if int(b.owner_key[dlid]) == peer else (0, 0)
+        m_col, r_col = _column(b, dlid)
+        m, r = min(lm, int(m_col[first])), min(lr, int(r_col[first]))
+    return (m, r) if m and r else (0, 0)
+
+
+@dataclass(frozen=True)
+class _Req:
+    mask: int
+    get: bool
+    iterations: int
+    slid: int | None
+    dlid: int | None
+    want_reversible: bool
+    pkey: int | None
+    sl: int | None
+    mtu: tuple[int, int] | None
+    rate: tuple[int, int] | None
+    """(selector, rank)."""
+    plt: tuple[int, int] | None
+    raw: bool
+
+
+def _pairs(ns: int, nd: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], npt.NDArray[np.uint8]]:
+    """LID offsets (source, destination) and Preference of a port pair's paths, in OpenSM's order."""
+    first = min(ns, nd)
+    si = list(range(first))
+    di = list(range(first))
+    pref = [0] * first
+    for i in range(ns):
+        for j in range(nd):
+            if i != j:
+                si.append(i)
+                di.append(j)
+                pref.append(2)
+    return np.array(si, np.intp), np.array(di, np.intp), np.array(pref, np.uint8)
+
+
+class PathRecordFamily:
+    attr: ClassVar[int] = _A
+    size: ClassVar[int] = 64
+    methods: ClassVar[frozenset[int]] = frozenset({int(SaMethod.GET), int(SaMethod.GET_TABLE)})
+
+    def base(self, ctx: SaContext) -> _Base:
+        b = ctx.cache.get("pr:base")
+        if b is None:
+            b = ctx.cache["pr:base"] = _base(ctx.snapshot)
+        return b  # type: ignore[no-any-return]
+
+    def query(self, ctx: SaContext, req: SaRequest) -> Rows:
+        mask = req.mask
+        d = req.mad.data[:64].ljust(64, b"\0")
+        if mask & _SERVICE_ID and mask & _SERVICE_ID != _SERVICE_ID:
+            raise SaError(SaStatus.ERR_REQ_INSUFFICIENT_COMPONENTS, "one half of ServiceID")
+        mtu_b, rate_b, plt_b = d[54], d[55], d[56]
+        rq_mtu = rq_rate = rq_plt = None
+        if mask & _MTU_SEL and mask & _MTU:
+            if not 1 <= mtu_b & 0x3F <= 5:
+                raise SaError(SaStatus.ERR_REQ_INVALID, f"MTU code {mtu_b & 0x3F}")
+            rq_mtu = (mtu_b >> 6, mtu_b & 0x3F)
+        if mask & _RATE_SEL and mask & _RATE:
+            rk = int(_RANK_OF_CODE[rate_b & 0x3F])
+            if not rk:
+                raise SaError(SaStatus.ERR_REQ_INVALID, f"rate code {rate_b & 0x3F}")
+            rq_rate = (rate_b >> 6, rk)
+        if mask & _PLT_SEL and mask & _PLT:
+            rq_plt = (plt_b >> 6, plt_b & 0x3F)
+        b = self.base(ctx)
+        src = self._end(b, mask, d, _SGID, _SLID, 24, 42)
+        dst = self._end(b, mask, d, _DGID, _DLID, 8, 40)
+        if src == -1 or dst == -1:
+            return np.zeros((0, 64), np.uint8)
+        get = req.mad.method == SaMethod.GET
+        r = _Req(
+            mask=mask,
+            get=get,
+            iterations=1 if get else (d[49] & 0x7F if mask & _NUMBPATH else 1 << 30),
+            slid=int.from_bytes(d[42:44], "big") if mask & _SLID else None,
+            dlid=int.from_bytes(d[40:42], "big") if mask & _DLID else None,
+            want_reversible=bool(mask & _REVERSIBLE and d[49] & 0x80),
+            pkey=int.from_bytes(d[50:52], "big") if mask & _PKEY else None,
+            sl=int.from_bytes(d[52:54], "big") & 0xF if mask & _SL else None,
+            mtu=rq_mtu,
+            rate=rq_rate,
+            plt=rq_plt,
+            raw=bool(mask & _RAW and d[44] & 0x80),
+        )
+        if r.iterations == 0:
+            return np.zeros((0, 64), np.uint8)
+        n = b.ep_node.size
+        if src is not None and dst is not None:
+            if b.span == 1 or (r.slid is not None and r.dlid is not None):
+                return self._one(ctx, b, r, src, dst)
+            return self._build(ctx, b, r, np.array([src], np.intp), np.array([dst], np.intp))
+        everyone = np.arange(n, dtype=np.intp)
+        if src is not None:
+            return self._build(ctx, b, r, np.full(n, src, np.intp), everyone)
+        if dst is not None:
+            return self._build(ctx, b, r, everyone, np.full(n, dst, np.intp))
+        out: list[Rows] = []
+        total = 0
+        for j in range(n):  # every pair: destinations outer, as OpenSM
+            rows = self._build(ctx, b, r, everyone, np.full(n, j, np.intp))
+            if rows.shape[0]:
+                if get:
+                    return rows[:1]
+                out.append(rows)
+                total += rows.shape[0]
+                if total > MAX_TABLE_RECORDS:
+                    raise SaError(SaStatus.ERR_NO_RESOURCES, "every path of the subnet: too many records")
+        return np.concatenate(out) if out else np.zeros((0, 64), np.uint8)
+
+    @staticmethod
+    def _end(b: _Base, mask: int, d: bytes, gid_bit: int, lid_bit: int, gid_at: int, lid_at: int) -> int | None:
+        """The end port (index) a side names; None if unnamed; -1 if it names nothing we know."""
+        by_gid = by_lid = None
+        if mask & gid_bit:
+            prefix = int.from_bytes(d[gid_at : gid_at + 8], "big")
+            if d[gid_at] == 0xFF:  # multicast: no groups yet
+                return -1
+            if prefix >> 54 != 0xFE80 >> 6 and prefix != b.prefix:
+                return -1
+            by_gid = b.ep_of_guid.get(int.from_bytes(d[gid_at + 8 : gid_at + 16], "big"), -1)
+            if by_gid < 0:
+                return -1
+        if mask & lid_bit:
+            lid = int.from_bytes(d[lid_at : lid_at + 2], "big")
+            by_lid = int(b.ep_of_lid[lid]) if 0 < lid < b.ep_of_lid.size else -1
+            if by_lid < 0:
+                return -1
+        if by_gid is not None and by_lid is not None and by_gid != by_lid:
+            raise SaError(SaStatus.ERR_REQ_INVALID, "GID and LID name different ports")
+        return by_gid if by_gid is not None else by_lid
+
+    def _one(self, ctx: SaContext, b: _Base, r: _Req, src: int, dst: int) -> Rows:
+        """The one path of a port pair with one LID each (what most Gets ask), with scalars."""
+        slid = r.slid if r.slid is not None else int(b.ep_base[src])
+        dlid = r.dlid if r.dlid is not None else int(b.ep_base[dst])
+        none = np.zeros((0, 64), np.uint8)
+        mtu, rank = path_value1(b, src, dlid)
+        if not mtu:
+            return none
+        plt = 0 if src == dst else SUBNET_TIMEOUT
+        if r.mtu is not None and (mtu := _select1(mtu, *r.mtu)) < 0:
+            return none
+        if r.rate is not None and (rank := _select1(rank, *r.rate)) < 0:
+            return none
+        if r.plt is not None and (plt := _select1(plt, *r.plt)) < 0:
+            return none
+        sp = (int(b.ep_node[src]), int(b.ep_port[src]))
+        dp = (int(b.ep_node[dst]), int(b.ep_port[dst]))
+        pkey = pair_pkey(ctx, sp, dp, r.pkey)
+        if pkey is None:
+            return none
+        rev = path_value1(b, dst, slid)[0] > 0
+        if r.want_reversible and not rev:
+            return none
+        if r.raw:
+            pkey = 0
+        sl = r.sl if r.sl is not None else pair_sl(ctx, sp, dp, pkey)
+        rec = (
+            bytes(8)
+            + b.gid_bytes[dst]
+            + b.gid_bytes[src]
+            + bytes((dlid >> 8, dlid & 0xFF, slid >> 8, slid & 0xFF, 0, 0, 0, 0, 0, 0x80 if rev else 0))
+            + bytes((pkey >> 8, pkey & 0xFF, 0, sl & 0xF, 0x80 | mtu, 0x80 | int(_CODE_OF_RANK[rank]), 0x80 | plt))
+            + bytes(7)
+        )
+        return np.frombuffer(rec, np.uint8).reshape(1, 64)
+
+    def _build(self, ctx: SaContext, b: _Base, r: _Req, src: npt.NDArray[np.intp], dst: npt.NDArray[np.intp]) -> Rows:
+        """The records of the port pairs (src[k], dst[k]), in order (a Get: the first one)."""
+        ns = 1 if r.slid is not None else b.span
+        nd = 1 if r.dlid is not None else b.span
+        si, di, pref = _pairs(ns, nd)
+        K, Q = src.size, si.size
+        s_e = np.repeat(src, Q)
+        d_e = np.repeat(dst, Q)
+        slid = np.full(K * Q, r.slid, np.int64) if r.slid is not None else b.ep_base[s_e] + np.tile(si, K)
+        dlid = np.full(K * Q, r.dlid, np.int64) if r.dlid is not None else b.ep_base[d_e] + np.tile(di, K)
+        prefs = np.tile(pref, K)
+        mtu, rank = path_values(b, s_e, dlid.astype(np.intp))
+        ok = mtu > 0
+        # pkey / SL hooks, per port pair
+        pkeys = np.full(K * Q, DEFAULT_PKEY, np.int64)
+        sls = np.zeros(K * Q, np.int64)
+        uniform = pair_pkey is _DEFAULT_HOOKS[0] and pair_sl is _DEFAULT_HOOKS[1]
+        for k in range(1 if uniform else K):  # the default hooks answer the same for every pair
+            sp = (int(b.ep_node[src[k]]), int(b.ep_port[src[k]]))
+            dp = (int(b.ep_node[dst[k]]), int(b.ep_port[dst[k]]))
+            at = slice(None) if uniform else slice(k * Q, (k + 1) * Q)
+            pk = pair_pkey(ctx, sp, dp, r.pkey)
+            if pk is None:
+                ok[at] = False
+                continue
+            pkeys[at] = pk
+            sls[at] = r.sl if r.sl is not None else pair_sl(ctx, sp, dp, pk)
+        if r.raw:
+            pkeys[:] = 0
+        mtu_v = mtu.astype(np.int64)
+        rank_v = rank.astype(np.int64)
+        loop = s_e == d_e
+        plt_v = np.where(loop, 0, SUBNET_TIMEOUT).astype(np.int64)
+        if r.mtu is not None:
+            mtu_v, ok = _select(mtu_v, ok, r.mtu[0], r.mtu[1], 1)
+        if r.rate is not None:
+            rank_v, ok = _select(rank_v, ok, r.rate[0], r.rate[1], 1)
+        if r.plt is not None:
+            plt_v, ok = _select(plt_v, ok, r.plt[0], r.plt[1], 1)
+        # reversible: the route back from the destination port to the source LID
+        rm, _ = path_values(b, b.ep_of_lid[dlid], slid.astype(np.intp))
+        rev = rm > 0
+        if r.want_reversible:
+            ok &= rev
+        # the first `iterations` acceptable paths of each port pair
+        okm = ok.reshape(K, Q)
+        if r.iterations < Q:
+            okm &= np.cumsum(okm, axis=1) <= r.iterations
+        keep = np.flatnonzero(okm.ravel())
+        if r.get:
+            keep = keep[:1]
+        k = keep.size
+        out = np.zeros((k, 64), np.uint8)
+        if not k:
+            return out
+        se, de = s_e[keep], d_e[keep]
+        out[:, 8:24] = b.ep_gid[de]
+        out[:, 24:40] = b.ep_gid[se]
+        out[:, 40:42] = dlid[keep].astype(">u2").view(np.uint8).reshape(-1, 2)
+        out[:, 42:44] = slid[keep].astype(">u2").view(np.uint8).reshape(-1, 2)
+        out[:, 49] = np.where(rev[keep], 0x80, 0)
+        out[:, 50:52] = pkeys[keep].astype(">u2").view(np.uint8).reshape(-1, 2)
+        out[:, 53] = sls[keep] & 0xF
+        out[:, 54] = 0x80 | mtu_v[keep]
+        out[:, 55] = 0x80 | _CODE_OF_RANK[rank_v[keep]]
+        out[:, 56] = 0x80 | plt_v[keep]
+        out[:, 57] = prefs[keep]
+        return out
+
+
+_DEFAULT_HOOKS = (pair_pkey, pair_sl)
+
+
+__all__ = ["PathRecordFamily", "pair_pkey", "pair_sl", "path_values", "rate_code", "trace"]

@@ -1,0 +1,322 @@
+"""PathRecord answers over the emulated subnet (tests/sa_rig.py), and straight from the SA server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from fabric.generate import fattree
+from fabric.mad.sa import SaAttr, SaMethod, SaStatus, component_mask, parse_sa, sa_mad
+from fabric.model import Fabric, Speed
+from sm.sa.families import all_families
+from sm.sa.path_record import rate_code
+from sm.sa.server import SaServer
+from sm.transport.base import MadAddress
+from tests.sa_rig import sa_rig
+
+A = int(SaAttr.PATH_RECORD)
+
+
+def pr(**f: int) -> bytes:
+    """A PathRecord query: SLID, DLID, SGUID/DGUID (link-local GIDs), NumbPath/Reversible, selectors."""
+    q = bytearray(64)
+    if "sguid" in f:
+        q[24:32] = (0xFE80 << 48).to_bytes(8, "big")
+        q[32:40] = f["sguid"].to_bytes(8, "big")
+    if "dguid" in f:
+        q[8:16] = (0xFE80 << 48).to_bytes(8, "big")
+        q[16:24] = f["dguid"].to_bytes(8, "big")
+    q[40:42] = f.get("dlid", 0).to_bytes(2, "big")
+    q[42:44] = f.get("slid", 0).to_bytes(2, "big")
+    q[49] = f.get("numb", 0)
+    q[54] = f.get("mtu", 0)
+    q[55] = f.get("rate", 0)
+    q[56] = f.get("plt", 0)
+    return bytes(q)
+
+
+def mask(*names: str) -> int:
+    return component_mask(A, names)
+
+
+class _Capture:
+    """A transport that keeps the SA's answers (one buffer per answer: 'kernel RMPP')."""
+
+    kernel_rmpp = True
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+
+    def reply(self, mad: bytes, to: MadAddress) -> None:
+        self.out.append(mad)
+
+
+def ask_direct(snap: Any, method: int, cmask: int, data: bytes) -> tuple[int, list[bytes]]:
+    """(status, records) of one request handed to a fresh SaServer (no transport, no RMPP)."""
+    cap = _Capture()
+    server = SaServer(cap, all_families(), lambda: snap)  # type: ignore[arg-type]
+    before = server.stats.records
+    server.take(sa_mad(method, A, tid=7, component_mask=cmask, data=data), MadAddress(lid=1, qpn=1, qkey=0x80010000))
+    raw = cap.out[-1]
+    head = parse_sa(raw[:256])
+    body = raw[56:]
+    n = server.stats.records - before if head.attr_offset else 0
+    return head.status, [body[i * 64 : (i + 1) * 64] for i in range(n)]
+
+
+def fields(rec: bytes) -> dict[str, int]:
+    return {
+        "dguid": int.from_bytes(rec[16:24], "big"),
+        "sguid": int.from_bytes(rec[32:40], "big"),
+        "dlid": int.from_bytes(rec[40:42], "big"),
+        "slid": int.from_bytes(rec[42:44], "big"),
+        "rev": rec[49],
+        "pkey": int.from_bytes(rec[50:52], "big"),
+        "sl": rec[53],
+        "mtu": rec[54],
+        "rate": rec[55],
+        "plt": rec[56],
+        "pref": rec[57],
+    }
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def ca_lids(snap: Any) -> list[int]:
+    f = snap.fabric
+    return [int(snap.lids.base[int(n), 1]) for n in f.cas]
+
+
+def test_get_by_lids_and_by_gids() -> None:
+    async def go() -> None:
+        async with sa_rig() as r:
+            snap = r.snap
+            f = snap.fabric
+            lids = ca_lids(snap)
+            s, d = lids[0], lids[-2]
+            ans = await r.ask(SaMethod.GET, A, component_mask=mask("SLID", "DLID"), data=pr(slid=s, dlid=d))
+            assert ans.status == 0 and len(ans.records) == 1
+            rec = ans.records[0]
+            x = fields(rec)
+            sn, dn = int(f.cas[0]), int(f.cas[-2])
+            assert x["slid"] == s and x["dlid"] == d
+            assert x["sguid"] == int(f.port_guid[sn, 1]) and x["dguid"] == int(f.port_guid[dn, 1])
+            assert rec[8:16] == rec[24:32] == bytes.fromhex("fe80000000000000")
+            assert rec[:8] == bytes(8) and rec[44:49] == bytes(5) and rec[58:] == bytes(6)
+            assert x["rev"] == 0x80 and x["pkey"] == 0xFFFF and x["sl"] == 0
+            assert x["mtu"] == 0x80 | 5 and x["rate"] == 0x80 | rate_code(2, Speed.NDR) == 0x80 | 21
+            assert x["plt"] == 0x80 | 18 and x["pref"] == 0
+            by_gid = await r.ask(
+                SaMethod.GET,
+                A,
+                component_mask=mask("SGID", "DGID"),
+                data=pr(sguid=x["sguid"], dguid=x["dguid"]),
+            )
+            assert by_gid.status == 0 and by_gid.records == [rec]
+            # a port to itself: PacketLifeTime 0
+            me = await r.ask(SaMethod.GET, A, component_mask=mask("SLID", "DLID"), data=pr(slid=s, dlid=s))
+            assert me.status == 0 and me.records[0][56] == 0x80
+            # SGID and SLID naming different ports
+            bad = await r.ask(
+                SaMethod.GET,
+                A,
+                component_mask=mask("SGID", "SLID", "DLID"),
+                data=pr(sguid=x["sguid"], slid=lids[1], dlid=d),
+            )
+            assert bad.status == SaStatus.ERR_REQ_INVALID
+
+    run(go())
+
+
+def test_get_table_from_one_source_to_all() -> None:
+    async def go() -> None:
+        async with sa_rig() as r:
+            snap = r.snap
+            s = ca_lids(snap)[0]
+            st, recs = ask_direct(snap, SaMethod.GET_TABLE, mask("SLID"), pr(slid=s))
+            assert st == 0
+            assert len(recs) == len(snap.lids.used())  # every end port with a LID (LMC 0), itself too
+            assert {fields(x)["dlid"] for x in recs} == set(snap.lids.used().tolist())
+            assert all(fields(x)["slid"] == s and fields(x)["rev"] == 0x80 for x in recs)
+            # to all from one destination, and the same path both ways round
+            st2, back = ask_direct(snap, SaMethod.GET_TABLE, mask("DLID"), pr(dlid=s))
+            assert st2 == 0 and len(back) == len(recs)
+            # NumbPath 0: nothing; a Get with only a source: one path
+            st3, none = ask_direct(snap, SaMethod.GET_TABLE, mask("SLID", "NumbPath"), pr(slid=s, numb=0))
+            assert st3 == 0 and none == []
+            one = await r.ask(SaMethod.GET, A, component_mask=mask("SLID"), data=pr(slid=s))
+            assert one.status == 0 and len(one.records) == 1
+            # every pair
+            st4, world = ask_direct(snap, SaMethod.GET_TABLE, 0, pr())
+            n = len(snap.lids.used())
+            assert st4 == 0 and len(world) == n * n
+
+    run(go())
+
+
+def test_selectors() -> None:
+    async def go() -> None:
+        async with sa_rig() as r:
+            lids = ca_lids(r.snap)
+            s, d = lids[0], lids[-1]
+            base = mask("SLID", "DLID")
+            sel_mtu = base | mask("MTUSelector", "MTU")
+
+            async def get(cm: int, **kw: int) -> tuple[int, list[bytes]]:
+                a = await r.ask(SaMethod.GET, A, component_mask=cm, data=pr(slid=s, dlid=d, **kw))
+                return a.status, a.records
+
+            assert (await get(sel_mtu, mtu=(0 << 6) | 5))[0] == SaStatus.ERR_NO_RECORDS  # > 4096
+            st, rec = await get(sel_mtu, mtu=(0 << 6) | 4)  # > 2048
+            assert st == 0 and rec[0][54] == 0x85
+            st, rec = await get(sel_mtu, mtu=(1 << 6) | 4)  # < 2048: 1024
+            assert st == 0 and rec[0][54] == 0x83
+            st, rec = await get(sel_mtu, mtu=(2 << 6) | 3)  # exactly 1024
+            assert st == 0 and rec[0][54] == 0x83
+            st, rec = await get(sel_mtu, mtu=(3 << 6) | 1)  # best
+            assert st == 0 and rec[0][54] == 0x85
+            assert (await get(sel_mtu, mtu=(2 << 6) | 7))[0] == SaStatus.ERR_REQ_INVALID
+            sel_rate = base | mask("RateSelector", "Rate")
+            assert (await get(sel_rate, rate=(0 << 6) | 21))[0] == SaStatus.ERR_NO_RECORDS  # > 400
+            st, rec = await get(sel_rate, rate=(2 << 6) | 16)  # exactly 100
+            assert st == 0 and rec[0][55] == 0x80 | 16
+            st, rec = await get(sel_rate, rate=(1 << 6) | 21)  # < 400: 300
+            assert st == 0 and rec[0][55] == 0x80 | 18
+            assert (await get(sel_rate, rate=(2 << 6) | 1))[0] == SaStatus.ERR_REQ_INVALID
+            sel_plt = base | mask("PacketLifeTimeSelector", "PacketLifeTime")
+            assert (await get(sel_plt, plt=(0 << 6) | 18))[0] == SaStatus.ERR_NO_RECORDS
+            st, rec = await get(sel_plt, plt=(1 << 6) | 10)
+            assert st == 0 and rec[0][56] == 0x80 | 9
+
+    run(go())
+
+
+def _degrade(f: Fabric, node: int, port: int, *, mtu: int | None = None, speed: Speed | None = None) -> None:
+    pn, pp = int(f.peer_node[node, port]), int(f.peer_port[node, port])
+    for n, p in ((node, port), (pn, pp)):
+        if mtu is not None:
+            f.mtu_cap[n, p] = mtu
+        if speed is not None:
+            f.speed_cap[n, p] = speed
+            f.speed_active[n, p] = speed
+
+
+def _crosses(snap: Any, src_lid: int, dst_lid: int, links: Iterable[tuple[int, int]]) -> bool:
+    from sm.analysis.verify import trace_route
+
+    lm = snap.lids
+    n, p = int(lm.owner_node[src_lid]), int(lm.owner_port[src_lid])
+    hops = trace_route(snap.fabric, lm, snap.lft, n, p, dst_lid)
+    out = {(h.node, h.out_port) for h in hops}
+    return any(link in out for link in links)
+
+
+def test_degraded_link_lowers_only_the_paths_crossing_it() -> None:
+    f = fattree(2, 4)
+    leaf = int(f.by_name("leaf-00"))
+    up_port = 3  # leaf-00 port 3: to spine 0
+    _degrade(f, leaf, up_port, mtu=3, speed=Speed.EDR)
+    spine, sport = int(f.peer_node[leaf, up_port]), int(f.peer_port[leaf, up_port])
+
+    async def go() -> None:
+        async with sa_rig(f) as r:
+            snap = r.snap
+            assert snap.fabric.mtu_active[leaf, up_port] in (0, 3) or snap.links.mtu[leaf, up_port] == 3
+            for s in ca_lids(snap)[:2]:
+                st, recs = ask_direct(snap, SaMethod.GET_TABLE, mask("SLID"), pr(slid=s))
+                assert st == 0
+                hit = miss = 0
+                for rec in recs:
+                    x = fields(rec)
+                    crossing = _crosses(snap, s, x["dlid"], [(leaf, up_port), (spine, sport)])
+                    back = _crosses(snap, x["dlid"], s, [(leaf, up_port), (spine, sport)])
+                    if crossing:
+                        hit += 1
+                        assert x["mtu"] == 0x83 and x["rate"] == 0x80 | 16, x
+                    else:
+                        miss += 1
+                        assert x["mtu"] == 0x85 and x["rate"] == 0x80 | 21, (x, back)
+                assert hit and miss
+
+    run(go())
+
+
+def test_unknown_ends_and_bad_masks() -> None:
+    async def go() -> None:
+        async with sa_rig() as r:
+            s = ca_lids(r.snap)[0]
+            unused = r.snap.lids.max_lid + 5
+            a = await r.ask(SaMethod.GET, A, component_mask=mask("SLID", "DLID"), data=pr(slid=s, dlid=unused))
+            assert a.status == SaStatus.ERR_NO_RECORDS
+            a = await r.ask(SaMethod.GET, A, component_mask=mask("SGID", "DLID"), data=pr(sguid=0xDEAD, dlid=s))
+            assert a.status == SaStatus.ERR_NO_RECORDS
+            st, recs = ask_direct(r.snap, SaMethod.GET_TABLE, mask("SLID"), pr(slid=unused))
+            assert st == 0 and recs == []
+            half = component_mask(A, []) | 1  # ServiceID's first bit only
+            a = await r.ask(SaMethod.GET, A, component_mask=half | mask("SLID", "DLID"), data=pr(slid=s, dlid=s))
+            assert a.status == SaStatus.ERR_REQ_INSUFFICIENT_COMPONENTS
+            a = await r.ask(SaMethod.SET, A, component_mask=mask("SLID"), data=pr(slid=s))
+            assert a.status == SaStatus.METHOD_ATTR_UNSUPPORTED
+
+    run(go())
+
+
+def test_lmc_paths_over_each_lid_pair() -> None:
+    from sm.sa.path_record import _pairs
+
+    si, di, pref = _pairs(2, 2)
+    assert list(zip(si.tolist(), di.tolist(), pref.tolist(), strict=True)) == [
+        (0, 0, 0),
+        (1, 1, 0),
+        (0, 1, 2),
+        (1, 0, 2),
+    ]
+    assert np.array_equal(_pairs(1, 4)[1], np.arange(4))
+
+
+def test_rate_codes_as_opensm() -> None:
+    assert rate_code(2, Speed.QDR) == 7  # 4X QDR: 40 Gb/s (OpenSM on ibsim: Rate 0x87)
+    assert rate_code(2, Speed.FDR10) == 7
+    assert rate_code(2, Speed.FDR) == 12
+    assert rate_code(2, Speed.EDR) == 16
+    assert rate_code(2, Speed.HDR) == 17
+    assert rate_code(2, Speed.NDR) == 21
+    assert rate_code(1, Speed.SDR) == 2
+    assert rate_code(8, Speed.QDR) == 10
+
+
+def test_lmc_port_pairs() -> None:
+    from fabric.emulator import EmulatedFabric
+    from sm.sweep.manager import FabricManager, SmConfig
+    from sm.transport.emulated import EmulatedTransport
+
+    async def go() -> None:
+        f = fattree(2, 4)
+        sm = EmulatedTransport(EmulatedFabric(f), issm=True)
+        try:
+            mgr = FabricManager(sm, SmConfig(offload=False, check_credit_loops=False, lmc=1))
+            snap = await mgr.heavy_sweep()
+            a, b = int(f.cas[0]), int(f.cas[-1])
+            ga, gb = int(f.port_guid[a, 1]), int(f.port_guid[b, 1])
+            la, lb = int(snap.lids.base[a, 1]), int(snap.lids.base[b, 1])
+            st, recs = ask_direct(snap, SaMethod.GET_TABLE, mask("SGID", "DGID"), pr(sguid=ga, dguid=gb))
+            got = [(fields(x)["slid"], fields(x)["dlid"], fields(x)["pref"]) for x in recs]
+            assert st == 0 and got == [(la, lb, 0), (la + 1, lb + 1, 0), (la, lb + 1, 2), (la + 1, lb, 2)]
+            st, recs = ask_direct(snap, SaMethod.GET_TABLE, mask("SLID", "DGID"), pr(slid=la + 1, dguid=gb))
+            assert [(fields(x)["slid"], fields(x)["dlid"]) for x in recs] == [(la + 1, lb), (la + 1, lb + 1)]
+            cm = mask("SGID", "DGID", "NumbPath")
+            st, recs = ask_direct(snap, SaMethod.GET_TABLE, cm, pr(sguid=ga, dguid=gb, numb=3))
+            assert len(recs) == 3
+            st, recs = ask_direct(snap, SaMethod.GET, mask("SGID", "DGID"), pr(sguid=ga, dguid=gb))
+            assert st == 0 and len(recs) == 1 and fields(recs[0])["slid"] == la
+            st, recs = ask_direct(snap, SaMethod.GET_TABLE, mask("SGID"), pr(sguid=ga))
+            assert len(recs) == len(snap.lids.base.nonzero()[0]) * 4
+        finally:
+            await sm.close()
+
+    run(go())
