@@ -708,6 +708,9 @@ class EmulatedFabric:
         if m.mgmt_class == MgmtClass.SUBN_LID and m.method == Method.TRAP_REPRESS:
             st.trap_represses += 1
             return None  # the switch stops repeating; a TrapRepress has no response
+        if m.mgmt_class == MgmtClass.SUBN_LID and m.method == Method.TRAP and dlid is not None:
+            self._trap_to_client(m, dlid, src)  # a client's own trap (an SM's Trap 144 to its master)
+            return None
         if m.mgmt_class == MgmtClass.SUBN_DR:
             reply = self._process_dr(m, src)
         else:
@@ -724,6 +727,18 @@ class EmulatedFabric:
             st.answered += 1
         return reply
 
+    def _trap_to_client(self, m: Mad, dlid: int, src: Endpoint) -> None:
+        """A Trap a client sends (as an SM's SMA would) to the client at ``dlid``: into its trap queue."""
+        end = self._walk_lid(src.node, src.port, dlid, False) if self.fabric.lid[src.node, src.port] else None
+        ep = self._endpoints.get(end[0] * self._P + (0 if self._is_sw[end[0]] else end[1])) if end else None
+        if ep is None or ep is src:
+            self.stats.traps_dropped += 1
+            return
+        ep.traps.append(m.raw)
+        self.stats.traps_sent += 1
+        if ep.on_trap is not None:
+            ep.on_trap()
+
     def _to_client(self, mad: bytes, dlid: int, src: Endpoint) -> bool:
         """Carry a GMP (requests, and RMPP ACKs, which travel as responses) to the client owning
         ``dlid``; False when it is lost on the way or nobody listens there."""
@@ -737,7 +752,7 @@ class EmulatedFabric:
         if client is None or client is src:
             return False
         if mad[3] & 0x80 and not (mad[1] == _SA_CLASS and len(mad) > 25 and mad[25] in _RMPP_CONTROL):
-            return False  # an answer goes through reply(), to the client that asked
+            return False  # an answer goes through reply(), to the client that asked (RMPP ACKs are requests)
         client.on_request(mad, src, src_lid)  # type: ignore[misc]
         self.stats.answered += 1
         return True

@@ -5,13 +5,15 @@ discovery, :meth:`Elector.arbitrate` asks every other port that
 advertises IsSM for its SMInfo (directed route, as OpenSM does) and
 decides:
 
-- DISCOVERING: a MASTER elsewhere, or a better SM still discovering or in
-  standby, makes us STANDBY (nothing is written); otherwise we are MASTER.
-- MASTER: a better SM in any state gets the subnet: SubnSet(SMInfo,
-  HANDOVER) with our SMInfo, and we are STANDBY at once (OpenSM neither
-  sends nor awaits ACKNOWLEDGE). Another MASTER that is not better: we stay
-  master but write nothing until it hands over or stops answering (C14-60.2.1),
-  and remind it with Trap 144 (SM priority change) at each poll.
+- DISCOVERING: a MASTER elsewhere, or a better SM discovering or standing
+  by, makes us STANDBY (nothing is written); otherwise we are MASTER.
+- MASTER: a better SM gets the subnet: we stand by at once, so that it finds
+  no master (see :meth:`Elector._hand_over` for why no HANDOVER is sent).
+  Trap 144 from a port (an SM's IsSM came up) makes a master ask that SM at
+  once (:meth:`Elector.consider`), before its discovery reaches our port.
+  Another MASTER that is not better: we stay master but write nothing until
+  it hands over or stops answering (C14-60.2.1), and remind it with Trap 144
+  (SM priority change) at each poll.
 - STANDBY: :meth:`Elector.poll` asks the master's SMInfo every
   ``poll_interval``; a poll that fails is retried at once up to
   ``poll_retries`` times; then the master is gone and we go DISCOVERING
@@ -181,6 +183,8 @@ class Elector:
         self.sets_refused = 0
         self._next_poll = 0.0
         self._trap_tid = 0
+        self._seen_lid = 0
+        """Our port's LID as the last discovery read it (a standby has no snapshot of its own)."""
 
     # -- state ----------------------------------------------------------------------
 
@@ -229,11 +233,29 @@ class Elector:
         if self._request_sweep is not None:
             self._request_sweep(reason, heavy)
 
+    def own_guid(self) -> int:
+        """Our port GUID: as discovery found it, else as the transport knows its port (before the first sweep)."""
+        if not self.guid:
+            t = self.transport
+            lp = getattr(t, "local_port", None)
+            guid = getattr(lp, "port_guid", 0) if lp is not None else 0
+            if not guid:
+                try:
+                    guid = int(getattr(t, "port_guid", 0) or 0)
+                except Exception:  # a transport not started yet has no port
+                    guid = 0
+            self.guid = guid
+        return self.guid
+
+    def own_lid(self) -> int:
+        """Our port's LID: the snapshot's (a master), else as our last discovery read it."""
+        return self._lid() or self._seen_lid
+
     def sminfo(self, *, key: bool = True) -> bytes:
         """Our SMInfo attribute (64 bytes); SM_Key zero unless ``key``."""
         return SM_INFO.pack(
             {
-                "GUID": self.guid,
+                "GUID": self.own_guid(),
                 "SM_Key": self.sm_key if key else 0,
                 "ActCount": self.act_count,
                 "Priority": self.priority,
@@ -357,8 +379,8 @@ class Elector:
             return None
         return {k: int(v) for k, v in SM_INFO.unpack(m.data).items() if isinstance(v, int)}
 
-    async def _set_sminfo(self, route: Route, control: SmInfoControl) -> bool:
-        data = self.sminfo()
+    async def _set_sminfo(self, route: Route, control: SmInfoControl, data: bytes) -> bool:
+        """SubnSet(SMInfo) ``control`` carrying ``data`` (our SMInfo as the peer must see it)."""
         mad = (
             smp_dr(Method.SET, SmpAttr.SM_INFO, int(control), 0, route, data)
             if isinstance(route, tuple)
@@ -374,6 +396,10 @@ class Elector:
         """After discovery: ask the other SMs, decide our state; whether this sweep may program."""
         if self.state == SmState.NOT_ACTIVE:
             return False
+        raw = d.port_info.raw((d.sm_node, d.sm_port))
+        if raw is not None:
+            at = PORT_INFO.field("LID").offset // 8
+            self._seen_lid = int.from_bytes(raw[at : at + 2], "big")
         found = self._peer_routes(d)
         answers = await asyncio.gather(*(self._get_sminfo(route) for _, _, route, _, _ in found))
         peers: dict[int, PeerSm] = {}
@@ -406,12 +432,7 @@ class Elector:
                 return False
             self._set(SmState.MASTER, "no better SM found")
         # MASTER from here.
-        if best is not None and best.rank() > mine:
-            self.handovers_sent += 1
-            ok = await self._set_sminfo(best.route, SmInfoControl.HANDOVER)
-            log.info("handing over to %#018x (%s): %s", best.guid, best.node_name, "taken" if ok else "no answer")
-            self._set(SmState.STANDBY, f"handed over to {best.guid:#018x} ({best.node_name})", master=best)
-            self._next_poll = time.monotonic() + self.poll_interval
+        if best is not None and best.rank() > mine and await self._hand_over(best):
             return False
         if masters:
             self.waiting_handover = True
@@ -423,19 +444,66 @@ class Elector:
         return True
 
     async def check_peers(self) -> bool:
-        """A master's light sweep: ask the SMs we know; True when one is now master or better (elect again)."""
+        """A master's light sweep: ask the SMs we know. A better one that stands by gets the subnet
+        (we are STANDBY then); True when one is now master or newly better (elect again, heavy)."""
         if self.state != SmState.MASTER or not self.peers:
             return False
         peers = list(self.peers.values())
         answers = await asyncio.gather(*(self._get_sminfo(p.route) for p in peers))
         mine = _rank(self.priority, self.guid)
+        best: PeerSm | None = None
         for p, info in zip(peers, answers, strict=True):
-            if info is None:
+            if info is None or info.get("GUID") != p.guid:
                 continue
-            state, prio = info.get("SMState", 0), info.get("Priority", 0)
-            if state == SmState.MASTER or (state != SmState.NOT_ACTIVE and _rank(prio, p.guid) > mine):
+            try:
+                state = SmState(info.get("SMState", 0))
+            except ValueError:
+                continue
+            now = PeerSm(p.guid, info.get("Priority", 0), state, info.get("ActCount", 0), info.get("SM_Key", 0),
+                         p.route, p.lid, p.node_name)
+            self.peers[p.guid] = now
+            if state == SmState.MASTER:
                 return True
+            if state != SmState.NOT_ACTIVE and now.rank() > mine and (best is None or now.rank() > best.rank()):
+                best = now
+        if best is not None:
+            await self._hand_over(best)
         return False
+
+    async def _hand_over(self, best: PeerSm) -> bool:
+        """Give the subnet to ``best`` (better than us): we stand by at once; whether we stepped down.
+
+        Standing by before anything else means every question the better SM asks us hears
+        STANDBY: one still discovering finds no master and takes the subnet by itself (OpenSM's
+        start-up path, which works); one that stands by sees its master gone at its next poll.
+        We send no SubnSet(SMInfo, HANDOVER): OpenSM 3.3.23 on ibsim, handed the subnet (or told
+        to DISCOVER) while it stands by, enters MASTER and its first sweep never ends (measured:
+        no SUBNET UP in 90 s; two OpenSMs show the same, the new master waits 60 s for its polls to
+        time out). An ibfm peer takes a HANDOVER (``take``) as the spec says.
+        """
+        self.handovers_sent += 1
+        self._set(SmState.STANDBY, f"stepped down for {best.guid:#018x} ({best.node_name})", master=best)
+        self._next_poll = time.monotonic() + self.poll_interval
+        return True
+
+    async def consider(self, lid: int) -> None:
+        """Trap 144 from ``lid``: an SM came up there (or changed priority). A master asks it at once
+        and stands by if it is better, before that SM's discovery reaches our port and finds a master."""
+        if self.state != SmState.MASTER or not 0 < lid < 0xC000 or lid == self.own_lid():
+            return
+        mad = smp_lid(Method.GET, SmpAttr.SM_INFO, 0, 0)
+        try:
+            ans = parse_mad(await self.transport.send(mad, lid, timeout=0.05, retries=1))
+            info = SM_INFO.unpack(ans.data)
+            state = SmState(int(info["SMState"]))
+        except (IbfmError, MadError, ValueError):
+            return
+        if ans.status or state == SmState.NOT_ACTIVE:
+            return
+        peer = PeerSm(int(info["GUID"]), int(info["Priority"]), state, int(info["ActCount"]), 0, lid, lid)
+        if state != SmState.MASTER and peer.rank() > _rank(self.priority, self.guid) and self.state == SmState.MASTER:
+            self.peers[peer.guid] = peer
+            await self._hand_over(peer)
 
     def took_first_sweep(self) -> bool:
         """Whether the sweep about to program is this master's first (and clear it)."""
@@ -489,7 +557,7 @@ class Elector:
 
     def _remind(self, master: PeerSm) -> None:
         """Trap 144 (SM priority change) to a master that ranks below us, so it hands over (as OpenSM)."""
-        lid = self._lid()
+        lid = self.own_lid()
         if not master.lid or not lid:
             return
         self._trap_tid = self._trap_tid + 1 if self._trap_tid < 0xFFFFFFFF else 1

@@ -287,12 +287,19 @@ class FabricManager:
             trap = await self.transport.next_trap(timeout=1.0)
             if trap is None:
                 continue
+            await self._sm_trap(trap)
             # Both ends of a link report it: gather the burst, so the sweep reads the near end first.
             burst, until = [trap], loop.time() + TRAP_SETTLE_S
             while (left := until - loop.time()) > 0 and (more := await self.transport.next_trap(left)) is not None:
                 burst.append(more)
             if self._take_traps(burst):  # garbage from a hostile or broken host sweeps nothing
                 self.request_sweep("trap")
+
+    async def _sm_trap(self, trap: bytes) -> None:
+        """Trap 144 from a port other than ours: an SM may have come up there; the election asks it now."""
+        if len(trap) >= 70 and trap[1] == MgmtClass.SUBN_LID and trap[68:70] == _TRAP_144:
+            issuer = int.from_bytes(trap[70:72], "big")
+            await self.elector.consider(issuer)
 
     def _take_traps(self, traps: list[bytes]) -> int:
         """Answer each trap with a TrapRepress to its issuer and remember who sent it; how many were traps.
