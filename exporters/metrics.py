@@ -281,6 +281,25 @@ CREDIT_LOOPS = _metric("ibfm_credit_loops", MetricType.GAUGE, "",
 UNREACHABLE_ROUTES = _metric("ibfm_unreachable_routes", MetricType.GAUGE, "",
     "Connected (source port, destination LID) pairs whose route fails in the current LFTs.")
 
+# -- the SM itself (election) and its SA -------------------------------------------------------------
+
+SM_STATE = _metric("ibfm_sm_state", MetricType.GAUGE, "",
+    "This SM's SMInfo.SMState: 0 not active, 1 discovering, 2 standby, 3 master.")
+SM_MASTER_INFO = MetricDef("ibfm_sm_master_info", MetricType.GAUGE,
+    "The subnet's master SM as this SM knows it (always 1): its port GUID and LID, and whether it is this SM.",
+    ("master_guid", "master_lid", "self"))
+SM_PRIORITY = _metric("ibfm_sm_priority", MetricType.GAUGE, "", "This SM's SMInfo.Priority (0..15).")
+SA_REQUESTS = _metric("ibfm_sa_requests_total", MetricType.COUNTER, "",
+    "Subnet Administration requests received (every one is answered with a record or a status, or counted "
+    "in ibfm_sa_dropped_total).")
+SA_RECORDS = _metric("ibfm_sa_records_total", MetricType.COUNTER, "", "Records sent in SA answers.")
+SA_BUSY = _metric("ibfm_sa_busy_total", MetricType.COUNTER, "",
+    "SA requests answered BUSY (this SM is not the master, or has no snapshot yet).")
+SA_DROPPED = _metric("ibfm_sa_dropped_total", MetricType.COUNTER, "",
+    "SA MADs not answered: unreadable, answers nobody asked for, or answers that could not be sent.")
+SM_METRICS: tuple[MetricDef, ...] = (SM_STATE, SM_MASTER_INFO, SM_PRIORITY, SA_REQUESTS, SA_RECORDS, SA_BUSY,
+                                     SA_DROPPED)
+
 # -- the PerfManager --------------------------------------------------------------------------------
 
 PERFMGR_SWEEPS = _metric("ibfm_perfmgr_sweeps_total", MetricType.COUNTER, "",
@@ -317,7 +336,7 @@ PERFMGR_METRICS: tuple[MetricDef, ...] = (
 )
 
 ALL: tuple[MetricDef, ...] = (
-    SUBNET_METRICS + PERFMGR_METRICS + DEVICE_METRICS + PORT_INFO_GAUGES + PORT_PREDICTED + PORT_COUNTERS
+    SUBNET_METRICS + SM_METRICS + PERFMGR_METRICS + DEVICE_METRICS + PORT_INFO_GAUGES + PORT_PREDICTED + PORT_COUNTERS
 )
 """Every metric, in exposition order."""
 

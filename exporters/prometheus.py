@@ -194,6 +194,22 @@ class MetricsInputs:
     perfmgr: PerfCounters | None = None
     prediction: Prediction | None = None
     sweeps: SweepStats | None = None
+    sm: SmFigures | None = None
+
+
+@dataclass(frozen=True)
+class SmFigures:
+    """This SM's role and its SA's counters, as one scrape shows them."""
+
+    state: int
+    priority: int
+    guid: int
+    master_guid: int
+    master_lid: int
+    sa_requests: int = 0
+    sa_records: int = 0
+    sa_busy: int = 0
+    sa_dropped: int = 0
 
 
 MetricsSource = Callable[[], MetricsInputs]
@@ -381,6 +397,7 @@ class _Captured:
     perf: _PerfView | None
     prediction: Prediction | None
     sweeps: SweepFigures | None
+    sm: SmFigures | None = None
 
     def key(self) -> tuple[object, ...]:
         p = self.perf
@@ -391,6 +408,7 @@ class _Captured:
             None if p is None else p.sweeps,
             self.prediction,
             None if s is None else s.version,
+            self.sm,
         )
 
 
@@ -400,6 +418,7 @@ def _capture(inputs: MetricsInputs) -> _Captured:
         None if inputs.perfmgr is None else _PerfView.capture(inputs.perfmgr),
         inputs.prediction,
         None if inputs.sweeps is None else inputs.sweeps.figures(),
+        inputs.sm,
     )
 
 
@@ -577,6 +596,8 @@ class _Builder:
         fams.append(up)
         if snap is not None:
             fams += self._subnet(snap)
+        if c.sm is not None:
+            fams += _sm_families(c.sm)
         if c.sweeps is not None:
             fams += _sweep_families(c.sweeps)
         if c.perf is not None:
@@ -680,6 +701,27 @@ def _perf_consistent(p: _PerfView) -> bool:
         return False
     arrays = [p.read_ok, *p.totals.values()]
     return all(a.shape == shape for a in arrays) and p.device_errors.shape == p.device_timeouts.shape == (n,)
+
+
+def _sm_families(sm: SmFigures) -> list[_Family | _Vector]:
+    out: list[_Family | _Vector] = []
+    for m, v in (
+        (M.SM_STATE, sm.state),
+        (M.SM_PRIORITY, sm.priority),
+        (M.SA_REQUESTS, sm.sa_requests),
+        (M.SA_RECORDS, sm.sa_records),
+        (M.SA_BUSY, sm.sa_busy),
+        (M.SA_DROPPED, sm.sa_dropped),
+    ):
+        fam = _Family(m)
+        fam.add(v)
+        out.append(fam)
+    if sm.master_guid:
+        info = _Family(M.SM_MASTER_INFO)
+        me = "1" if sm.master_guid == sm.guid else "0"
+        info.add(1, (f"{sm.master_guid:#018x}", str(sm.master_lid), me))
+        out.append(info)
+    return out
 
 
 def _sweep_families(s: SweepFigures) -> list[_Family | _Vector]:
@@ -863,10 +905,13 @@ class MetricsRenderer:
 
 
 def _same_key(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    """Objects by identity (a snapshot or a prediction is replaced whole, never changed), counts by value."""
+    """Objects by identity (a snapshot or a prediction is replaced whole, never changed), counts and the
+    SM's figures (a small frozen record made fresh per scrape) by value."""
     if len(a) != len(b):
         return False
-    return all(x is y or (type(x) is int and type(y) is int and x == y) for x, y in zip(a, b, strict=True))
+    return all(
+        x is y or (type(x) is type(y) and type(x) in (int, SmFigures) and x == y) for x, y in zip(a, b, strict=True)
+    )
 
 
 def render_metrics(inputs: MetricsInputs) -> bytes:

@@ -40,12 +40,16 @@ from exporters.http.common import ApiConfig
 from exporters.http.state import prepare_view
 from fabric.emulator import EmulatedFabric
 from fabric.errors import IbfmError
+from fabric.mad.sa import SA_CLASS
 from fabric.model import Fabric
 from fabric.traffic import XMIT_WAIT_TICK_HZ, PredictedTraffic, TrafficClock
 from ibfm.settings import Settings
+from sm.sa.families import all_families
+from sm.sa.server import SaServer
+from sm.sa.store import SaStore
 from sm.sweep.events import EventBus, SweepDone, SweepFailed, _Event
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
-from sm.transport.base import WindowedTransport
+from sm.transport.base import MadAddress, WindowedTransport
 
 log = logging.getLogger("ibfm.service")
 
@@ -119,6 +123,10 @@ def sm_config(settings: Settings) -> SmConfig:
         flap_hold=s.flap_hold,
         check_credit_loops=s.check_credit_loops,
         offload=s.offload,
+        sm_priority=s.priority,
+        sm_key=s.sm_key,
+        sm_poll_interval=s.poll_interval,
+        sm_poll_retries=s.poll_retries,
     )
 
 
@@ -133,6 +141,16 @@ class Service:
         self.transport: WindowedTransport = self._open_transport()
         self.events = EventBus()
         self.manager = FabricManager(self.transport, sm_config(settings), self.events)
+        self.sa = SaServer(
+            self.transport,
+            all_families(),
+            lambda: self.manager.snapshot,
+            store=SaStore(),
+            sm_key=settings.sm.sm_key,
+            ready=lambda: self.manager.elector.is_master,
+            sm=self.manager.elector,
+        )
+        self.transport.serve(self._serve)
         self.perfmgr: Any = None
         self.sweep_stats: Any = None
         self.metrics: Any = None
@@ -167,14 +185,21 @@ class Service:
         if fs.transport == "umad":
             from sm.transport.umad import UmadTransport
 
-            return UmadTransport(fs.ca, fs.port, issm=True)  # an SM holds issm: IsSM set, traps delivered
+            # An SM holds issm (IsSM set, traps delivered), answers SMInfo and serves the SA.
+            return UmadTransport(fs.ca, fs.port, issm=True, serve_sa=True)
         from sm.transport.emulated import EmulatedTransport
 
         fabric = build_fabric(self.settings)
         self.traffic = PredictedTraffic(fabric)
         self.emulator = EmulatedFabric(fabric, traffic=self.traffic)
         self._emu_clock = TrafficClock(self.emulator)
-        return EmulatedTransport(self.emulator)
+        return EmulatedTransport(self.emulator, issm=True)
+
+    def _serve(self, mad: bytes, src: MadAddress) -> bool:
+        """Requests that reach our port: SA queries to the SA, SMInfo to the election."""
+        if mad[1] == SA_CLASS:
+            return self.sa.take(mad, src)
+        return self.manager.elector.take(mad, src)
 
     def _wire_exporters(self) -> None:
         """PerfManager and the Prometheus renderer, where those modules are present."""
@@ -195,7 +220,13 @@ class Service:
         self._prom = prom
 
     def _metrics_inputs(self) -> Any:
-        return self._prom.MetricsInputs(self.manager.snapshot, self.perfmgr, self.prediction, self.sweep_stats)
+        role = self.manager.elector.role()
+        st = self.sa.stats
+        sm = self._prom.SmFigures(
+            int(role.state), role.priority, role.guid, role.master_guid, role.master_lid,
+            st.received, st.records, st.busy, st.dropped,
+        )
+        return self._prom.MetricsInputs(self.manager.snapshot, self.perfmgr, self.prediction, self.sweep_stats, sm)
 
     # -- events
 

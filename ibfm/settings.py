@@ -217,6 +217,30 @@ class SmSettings(_Section):
         10.0, ge=0.0, description="Flap damping: seconds a held-down port must be quiet before it is brought up again."
     )
     check_credit_loops: bool = Field(True, description="Check the routes for credit loops after each heavy sweep.")
+    priority: int = Field(
+        0,
+        ge=0,
+        le=15,
+        description="SMInfo priority 0..15 (OpenSM's default 0): the highest-priority SM, then the lowest "
+        "port GUID, is master; the others stand by.",
+    )
+    sm_key: int = Field(
+        1,
+        ge=0,
+        lt=1 << 64,
+        description="SM_Key in SMInfo (OpenSM's default 1; OpenSM ignores SMs whose key differs) and the SA key "
+        "that makes an SA request trusted (PKeyTableRecord is answered only to those).",
+    )
+    poll_interval: float = Field(
+        2.0, gt=0.0, le=3600.0, description="Seconds between a standby SM's polls of the master's SMInfo."
+    )
+    poll_retries: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="A poll the master does not answer is retried at once this many times before the standby "
+        "takes over (with `poll_interval` 2 and the MAD timeout, a dead master is replaced within about 6 s).",
+    )
     offload: bool = Field(
         True,
         description="Route and check in a forked child process while the switches are programmed; "
@@ -427,6 +451,7 @@ FLAGS: dict[str, str] = {
     "sm.guid2lid": "--guid2lid",
     "sm.root_guids": "--root-guid",
     "sm.sweep_interval": "--sweep-interval",
+    "sm.priority": "--sm-priority",
     "perfmgr.interval": "--perfmgr-interval",
     "log.level": "--log-level",
     "log.format": "--log-format",

@@ -27,6 +27,7 @@ from exporters.prometheus import (
     MetricsInputs,
     MetricsRenderer,
     PortPrediction,
+    SmFigures,
     SweepStats,
     metrics_handler,
     render_metrics,
@@ -55,7 +56,9 @@ class Rig:
     stats: SweepStats = field(default_factory=SweepStats)
 
     def inputs(self, **kw: object) -> MetricsInputs:
-        args: dict[str, object] = {"snapshot": self.snap, "perfmgr": self.pm, "sweeps": self.stats}
+        role = self.mgr.elector.role()
+        sm = SmFigures(int(role.state), role.priority, role.guid, role.master_guid, role.master_lid, 7, 9, 1, 2)
+        args: dict[str, object] = {"snapshot": self.snap, "perfmgr": self.pm, "sweeps": self.stats, "sm": sm}
         args.update(kw)
         return MetricsInputs(**args)  # type: ignore[arg-type]
 
@@ -197,6 +200,10 @@ def test_values_come_from_the_arrays(rig: Rig) -> None:
     assert errs[port_key(f, host, 1)] == 3
     assert sum(errs.values()) == 3
     assert set(series(s, "ibfm_device_up").values()) == {1.0}
+    assert s[("ibfm_sm_state", frozenset())] == 3 and s[("ibfm_sa_requests_total", frozenset())] == 7
+    guid = f"{rig.mgr.elector.guid:#018x}"
+    info = frozenset({("master_guid", guid), ("master_lid", str(rig.snap.sm_lid)), ("self", "1")})
+    assert s[("ibfm_sm_master_info", info)] == 1
 
 
 def test_collector_and_renderer_agree(rig: Rig) -> None:

@@ -58,16 +58,41 @@ def _last_failure(bus: EventBus, after: float) -> dict[str, Any] | None:
     return None
 
 
+def role_json(mgr: Any) -> dict[str, Any]:
+    """This SM's election state: what ``sminfo`` would say of it, and who the master is (a source
+    without an election, a recorded snapshot say, is its subnet's master)."""
+    el = getattr(mgr, "elector", None)
+    if el is None:
+        return {"state": "master"}
+    r = el.role()
+    return {
+        "state": r.state.name.lower(),
+        "priority": r.priority,
+        "guid": hex_guid(r.guid),
+        "act_count": r.act_count,
+        "master_guid": hex_guid(r.master_guid) if r.master_guid else None,
+        "master_lid": r.master_lid or None,
+        "since": r.since,
+        "reason": r.reason,
+    }
+
+
 @health.get(f"{API_PREFIX}/health")
 async def get_health(request: web.Request) -> web.Response:
     query_params(request, ())
+    mgr = request.app[MANAGER]
+    role = role_json(mgr)
+    if mgr.snapshot is None and role["state"] in ("standby", "not_active"):
+        # A standby has written nothing and may have no snapshot of its own: it says who is master.
+        return json_response({"state": role["state"], "subnet_up": None, "sm": role})
     v = current_view(request)
     s = v.snap
-    mgr = request.app[MANAGER]
     counts = v.summary()
     loops = [str(x) for x in s.credit_loops]
     failure = _last_failure(mgr.events, s.time)
-    if not s.verify.ok:
+    if role["state"] != "master":
+        state = role["state"]  # the snapshot is the last one this SM made: another SM runs the subnet now
+    elif not s.verify.ok:
         state = "down"
     elif s.up and not loops and not s.discovery.errors and failure is None:
         state = "up"
@@ -99,7 +124,7 @@ async def get_health(request: web.Request) -> web.Response:
             "last_failure": failure,
         },
         "fabric": counts,
-        "sm": {"node": s.fabric.names[d.sm_node], "port": d.sm_port, "lid": s.sm_lid},
+        "sm": {"node": s.fabric.names[d.sm_node], "port": d.sm_port, "lid": s.sm_lid, **role},
         "routing": {"engine": s.engine, "chain": list(mgr.config.engines),
                     "refused": [{"engine": e, "reason": r} for e, r in s.refused]},
         "verify": verify_json(s.verify),

@@ -268,21 +268,25 @@ class ProgramState(_M):
 
 
 class Health(_M):
-    state: Literal["up", "degraded", "down"] = Field(
+    state: Literal["up", "degraded", "down", "standby", "discovering", "not_active"] = Field(
         description="up: routes verified, all programmed, no credit loop, no failed sweep since; degraded: "
-        "usable with problems; down: some connected pairs have no route."
+        "usable with problems; down: some connected pairs have no route; standby, discovering, not_active: "
+        "this SM is not the master (`sm` says who is; the other fields, if any, are from its last own sweep)."
     )
-    subnet_up: bool
-    sweep: SweepState
-    fabric: dict[str, int]
-    sm: dict[str, Any]
-    routing: dict[str, Any]
-    verify: VerifySummary
-    credit_loops: list[str]
-    lids: dict[str, Any]
-    program: ProgramState
-    discovery_errors: list[str]
-    perfmgr: dict[str, Any] | None
+    subnet_up: bool | None = Field(description="null on a standby that never swept the subnet itself.")
+    sm: dict[str, Any] = Field(
+        description="This SM: its port, and its election state (`state`, `priority`, `guid`, `act_count`, "
+        "`master_guid`, `master_lid`, `since`, `reason`)."
+    )
+    sweep: SweepState | None = None
+    fabric: dict[str, int] | None = None
+    routing: dict[str, Any] | None = None
+    verify: VerifySummary | None = None
+    credit_loops: list[str] | None = None
+    lids: dict[str, Any] | None = None
+    program: ProgramState | None = None
+    discovery_errors: list[str] | None = None
+    perfmgr: dict[str, Any] | None = None
 
 
 class Check(_M):

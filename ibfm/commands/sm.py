@@ -24,6 +24,16 @@ def _lmc(text: str) -> int:
     return v
 
 
+def _priority(text: str) -> int:
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"SM priority {text!r} is not an integer") from None
+    if not 0 <= v <= 15:
+        raise argparse.ArgumentTypeError(f"SM priority {v} outside 0..15")
+    return v
+
+
 def _guid(text: str) -> int:
     try:
         return int(text, 16)
@@ -53,6 +63,13 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="summary as JSON")
     p.add_argument("--daemon", action="store_true", help="keep sweeping until SIGTERM or SIGINT, then exit 0")
     p.add_argument(
+        "--sm-priority",
+        type=_priority,
+        default=0,
+        metavar="0..15",
+        help="SMInfo priority (default 0, as OpenSM's): a better SM on the subnet makes this one stand by",
+    )
+    p.add_argument(
         "--sweep-interval",
         type=number_in(0, 86400, lo_open=True),
         default=10.0,
@@ -75,6 +92,7 @@ def config_from_args(args: argparse.Namespace) -> SmConfig:
         lmc=args.lmc,
         guid2lid=args.guid2lid,
         root_guids=tuple(args.root_guid),
+        sm_priority=getattr(args, "sm_priority", 0),
     )
 
 
@@ -82,14 +100,40 @@ def open_transport(args: argparse.Namespace) -> WindowedTransport:
     if getattr(args, "transport", "emulated") == "umad":
         from sm.transport.umad import UmadTransport
 
-        return UmadTransport(args.ca, args.port, issm=True)  # an SM holds issm: IsSM set, traps delivered
+        # An SM holds issm (IsSM set, traps delivered) and serves SMInfo and the SA.
+        return UmadTransport(args.ca, args.port, issm=True, serve_sa=True)
     if not args.topology:
         raise IbfmError("--topology FILE is required with the emulated transport")
     from fabric.emulator import EmulatedFabric
     from fabric.formats.netfile import read_net
     from sm.transport.emulated import EmulatedTransport
 
-    return EmulatedTransport(EmulatedFabric(read_net(args.topology)))
+    return EmulatedTransport(EmulatedFabric(read_net(args.topology)), issm=True)
+
+
+def serve_sm(transport: WindowedTransport, manager: FabricManager) -> None:
+    """Answer what peers and hosts ask our port: SMInfo (election) and the SA (while master)."""
+    from fabric.mad.sa import SA_CLASS
+    from sm.sa.families import all_families
+    from sm.sa.server import SaServer
+    from sm.sa.store import SaStore
+    from sm.transport.base import MadAddress
+
+    el = manager.elector
+    sa = SaServer(
+        transport,
+        all_families(),
+        lambda: manager.snapshot,
+        store=SaStore(),
+        sm_key=manager.config.sm_key,
+        ready=lambda: el.is_master,
+        sm=el,
+    )
+
+    def dispatch(mad: bytes, src: MadAddress) -> bool:
+        return sa.take(mad, src) if mad[1] == SA_CLASS else el.take(mad, src)
+
+    transport.serve(dispatch)
 
 
 async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportStats]:
@@ -97,7 +141,9 @@ async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportS
     transport = open_transport(args)
     try:
         transport.start()
-        return await FabricManager(transport, config_from_args(args)).heavy_sweep(), transport.stats
+        manager = FabricManager(transport, config_from_args(args))
+        serve_sm(transport, manager)
+        return await manager.heavy_sweep(), transport.stats
     finally:
         await transport.close()
 
@@ -188,6 +234,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
         transport.start()
         config = dataclasses.replace(config_from_args(args), sweep_interval=args.sweep_interval)
         manager = FabricManager(transport, config)
+        serve_sm(transport, manager)
 
         def on_event(ev: Any) -> None:
             snap = manager.snapshot
