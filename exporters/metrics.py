@@ -294,7 +294,8 @@ SA_REQUESTS = _metric("ibfm_sa_requests_total", MetricType.COUNTER, "",
     "in ibfm_sa_dropped_total).")
 SA_RECORDS = _metric("ibfm_sa_records_total", MetricType.COUNTER, "", "Records sent in SA answers.")
 SA_BUSY = _metric("ibfm_sa_busy_total", MetricType.COUNTER, "",
-    "SA requests answered BUSY (this SM is not the master, or has no snapshot yet).")
+    "SA and SMInfo requests answered BUSY: this SM is not the master or has no snapshot yet, or more requests "
+    "wait for its services than their backlog holds.")
 SA_DROPPED = _metric("ibfm_sa_dropped_total", MetricType.COUNTER, "",
     "SA MADs not answered: unreadable, answers nobody asked for, or answers that could not be sent.")
 SM_METRICS: tuple[MetricDef, ...] = (SM_STATE, SM_MASTER_INFO, SM_PRIORITY, SA_REQUESTS, SA_RECORDS, SA_BUSY,

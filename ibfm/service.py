@@ -224,7 +224,7 @@ class Service:
         st = self.sa.stats
         sm = self._prom.SmFigures(
             int(role.state), role.priority, role.guid, role.master_guid, role.master_lid,
-            st.received, st.records, st.busy, st.dropped,
+            st.received, st.records, st.busy + self.transport.stats.busy, st.dropped,
         )
         return self._prom.MetricsInputs(self.manager.snapshot, self.perfmgr, self.prediction, self.sweep_stats, sm)
 

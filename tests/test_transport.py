@@ -179,3 +179,34 @@ async def test_random_mads_of_every_class_method_and_length_are_refused_or_dropp
     good = mgr._take_traps(t.pending_traps())
     assert good + mgr.bad_traps == traps and mgr.bad_traps > 0
     await t.close()
+
+
+async def test_a_flood_of_requests_gets_busy_beyond_the_backlog_and_the_rest_served() -> None:
+    """More SA requests at once than the services' backlog holds: the excess is answered BUSY (status
+    0x0001), counted, never dropped silently; the rest reach the service and are answered."""
+    from fabric.mad.sa import SaAttr, SaMethod, parse_sa, sa_mad
+    from sm.transport.base import MAX_BACKLOG, MadAddress
+
+    emu = programmed()
+    sm = EmulatedTransport(emu)
+    served: list[int] = []
+
+    def service(mad: bytes, src: MadAddress) -> bool:
+        served.append(1)
+        sm.reply(mad[:3] + bytes((mad[3] | 0x80,)) + mad[4:], src)
+        return True
+
+    sm.serve(service)
+    host = EmulatedTransport(emu, endpoint=emu.attach(HOST2, 1))
+    answers: list[bytes] = []
+    host.endpoint.on_reply = answers.append
+    sa_lid = emu.sm_lid
+    n = MAX_BACKLOG + 500
+    for tid in range(n):  # all in one turn of the loop: the service gets none before the flood ends
+        host.post(sa_mad(SaMethod.GET, SaAttr.NODE_RECORD, tid=tid), sa_lid)
+    await asyncio.sleep(0.05)
+    statuses = [parse_sa(a).status for a in answers]
+    assert len(answers) == n and sm.stats.busy == 500 and len(served) == MAX_BACKLOG
+    assert statuses.count(0x0001) == 500 and statuses.count(0) == MAX_BACKLOG
+    await host.close()
+    await sm.close()

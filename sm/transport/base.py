@@ -51,6 +51,9 @@ _ATTR_NOTICE = b"\x00\x02"
 _ANSWER_METHOD = {0x01: 0x81, 0x02: 0x81, 0x06: 0x86, 0x12: 0x92, 0x13: 0x93, 0x14: 0x94, 0x15: 0x95}
 """Request method -> the method of its answer: Get and Set -> GetResp, Send, GetTable, GetTraceTable,
 GetMulti, Delete -> their responses (IBA 13.4.5). Other requests (Trap, Report, TrapRepress) get none."""
+STATUS_BUSY = 0x0001
+MAX_BACKLOG = 4096
+"""Requests waiting for the SM's services (SA, SMInfo) beyond which new ones are answered BUSY."""
 STATUS_BAD_VERSION = 0x0004
 STATUS_UNSUPPORTED_METHOD_ATTR = 0x000C
 
@@ -65,7 +68,7 @@ def is_trap(mad: bytes) -> bool:
     )
 
 
-def refusal(mad: bytes, *, class_version: int | None = None) -> bytes | None:
+def refusal(mad: bytes, *, class_version: int | None = None, busy: bool = False) -> bytes | None:
     """The 256-byte answer that refuses request ``mad``, or None when it wants no answer.
 
     As the kernel's MAD layer answers a request no agent takes: the
@@ -80,7 +83,7 @@ def refusal(mad: bytes, *, class_version: int | None = None) -> bytes | None:
     if method is None:
         return None
     bad_version = mad[0] != 1 or (class_version is not None and mad[2] != class_version)
-    status = STATUS_BAD_VERSION if bad_version else STATUS_UNSUPPORTED_METHOD_ATTR
+    status = STATUS_BAD_VERSION if bad_version else STATUS_BUSY if busy else STATUS_UNSUPPORTED_METHOD_ATTR
     head = bytes((mad[0], mad[1], mad[2], method)) + status.to_bytes(2, "big") + mad[6:MAD_HEADER_SIZE]
     return head.ljust(MAD_SIZE, b"\0")
 
@@ -140,6 +143,9 @@ class TransportStats:
     """Answers those services sent back."""
     refused: int = 0
     """Requests of others (not traps) that arrived: answered with an error status, or dropped."""
+    busy: int = 0
+    """Requests for our services turned away while too many waited for them: answered BUSY where the
+    transport can answer (not directed-route SMPs), counted either way."""
     malformed: int = 0
     """MADs that arrived shorter than a MAD header (or otherwise unreadable) and were dropped."""
 
@@ -212,6 +218,8 @@ class WindowedTransport(ABC):
         self._closed = False
         self._batches: set[_Batch] = set()
         self._responder: Responder | None = None
+        self._backlog = 0
+        """Requests handed to the event loop for the services and not yet taken (umad's receive thread)."""
         self._streams: dict[int, Callable[[bytes], None]] = {}
         """TID -> taker of further answers to a request already answered (RMPP segments)."""
 
@@ -282,6 +290,8 @@ class WindowedTransport(ABC):
 
     def _request(self, mad: bytes, src: MadAddress) -> None:
         """A request of another port arrived (on the event loop): to the service, or refused."""
+        with self._lock:
+            self._backlog -= 1
         responder = self._responder
         taken = False
         if responder is not None and not self._closed:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 
 from fabric.emulator import EmulatedFabric, Endpoint, LocalPort
-from sm.transport.base import MadAddress, Route, TransportError, WindowedTransport
+from sm.transport.base import MAX_BACKLOG, MadAddress, Route, TransportError, WindowedTransport, refusal
 
 _SMP_CLASSES = (0x01, 0x81)
 _GSI_QKEY = 0x80010000
@@ -97,6 +97,16 @@ class EmulatedTransport(WindowedTransport):
             return
         smp = mad[1] in _SMP_CLASSES
         src = MadAddress(sender_lid, 0 if smp else 1, 0 if smp else _GSI_QKEY, via=sender)
+        with self._lock:
+            full = self._backlog >= MAX_BACKLOG
+            if not full:
+                self._backlog += 1
+        if full:  # the services are behind: BUSY (the sender retries) rather than a silent drop
+            self.stats.busy += 1
+            answer = refusal(mad, busy=True)
+            if answer is not None:
+                self.emu.reply(self.endpoint, answer, sender, sender_lid)
+            return
         loop.call_soon(self._request, mad, src)
 
     def _reply(self, mad: bytes, to: MadAddress) -> None:

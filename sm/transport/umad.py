@@ -56,6 +56,7 @@ from typing import Any
 from sm.transport.base import (
     _TID,
     MAD_HEADER_SIZE,
+    MAX_BACKLOG,
     TID_OFFSET,
     MadAddress,
     Route,
@@ -100,6 +101,7 @@ _UMAD2SIM_FD_SLOTS = 8
 _SINK_SLICE_S = 0.005
 """Longest the receive thread spends at once on MADs of classes no agent of ours registered."""
 _REFUSALS_PER_S = 2000
+
 """Most requests answered with an error status per second; a flood beyond is counted only."""
 
 
@@ -803,6 +805,13 @@ class UmadTransport(WindowedTransport):
                 return False
             return True
         if self._responder is not None and mad[1] in self._agents:
+            with self._lock:
+                full = self._backlog >= MAX_BACKLOG
+                if not full:
+                    self._backlog += 1
+            if full:  # the services are behind: BUSY (hosts retry) rather than a silent drop
+                self._turn_away(mad, src)
+                return True
             try:  # a request of a class we hold (SMInfo from a peer, an SA query): to the service
                 self._loop.call_soon_threadsafe(self._request, mad, src)
             except RuntimeError:
@@ -813,6 +822,22 @@ class UmadTransport(WindowedTransport):
 
     def _refuse_request(self, mad: bytes, src: MadAddress) -> None:
         self._refuse_from(mad, src)
+
+    def _turn_away(self, mad: bytes, src: MadAddress) -> None:
+        """Answer BUSY to a request our services have no room for (receive thread), counted."""
+        self.stats.busy += 1
+        answer = refusal(mad, busy=True)
+        if answer is None or not src.lid or src.lid >= PERMISSIVE_LID:
+            return
+        agent = self._agents.get(answer[1])
+        if agent is None:
+            return
+        addr = (src.lid, 0, 0) if answer[1] == MGMT_CLASS_SUBN_LID else (src.lid, src.qpn or 1, GSI_QKEY)
+        try:
+            with self._lock:
+                self._send_to(answer, addr, agent)
+        except TransportError as e:
+            log.debug("BUSY to LID %d not sent: %s", src.lid, e)
 
     def _reply(self, mad: bytes, to: MadAddress) -> None:
         """An answer of ours to ``to``: through the agent of its class, from the QP it was asked on.
