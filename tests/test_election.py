@@ -149,3 +149,35 @@ async def test_sminfo_sets_follow_the_legality_rules() -> None:
     # Other attributes are not ours to answer: the transport refuses them.
     assert not el.take(smp_lid(Method.GET, SmpAttr.NODE_INFO, 0, 3), src)
     await t.close()
+
+
+async def test_a_sweep_beside_a_better_master_writes_nothing() -> None:
+    """Discovery finds another master (an SM declared in the emulator, priority 5): the sweep ends
+    with StandingBy before any Set leaves, and the LFTs and port states are as they were."""
+    import pytest
+
+    from sm.sweep.manager import StandingBy
+
+    f = fattree(2, 4)
+    emu = EmulatedFabric(f)
+    other = int(f.cas[2])
+    emu.set_sm(other, 1, priority=5, state=SmState.MASTER)
+    t = EmulatedTransport(emu, issm=True)
+    methods: list[int] = []
+    process = emu.process
+
+    def recording(mad: bytes, dlid: int | None = None, **kw: object) -> bytes | None:
+        methods.append(mad[3])
+        return process(mad, dlid, **kw)  # type: ignore[arg-type]
+
+    emu.process = recording  # type: ignore[method-assign]
+    lft_before, states_before = emu.lft.copy(), emu.fabric.state.copy()
+    mgr = FabricManager(t, SmConfig(offload=False, check_credit_loops=False))
+    with pytest.raises(StandingBy, match="master is"):
+        await mgr.heavy_sweep()
+    assert Method.SET not in methods and methods.count(Method.GET) > 10
+    assert (emu.lft == lft_before).all() and (emu.fabric.state == states_before).all()
+    el = mgr.elector
+    assert el.state == SmState.STANDBY and el.master is not None
+    assert el.master.guid == int(f.port_guid[other, 1]) and mgr.snapshot is None
+    await t.close()

@@ -258,7 +258,13 @@ async def run_daemon(args: argparse.Namespace) -> int:
 def cmd_sm(args: argparse.Namespace) -> int:
     if args.daemon:
         return asyncio.run(run_daemon(args))
-    snap, stats = asyncio.run(run_once(args))
+    from sm.sweep.manager import StandingBy
+
+    try:
+        snap, stats = asyncio.run(run_once(args))
+    except StandingBy as e:  # another SM runs this subnet: we wrote nothing
+        print(f"ibfm: another subnet manager is master; nothing written ({e})", file=sys.stderr)
+        return 3
     if args.dump_lfts:
         from fabric.fileio import write_text_atomic
 
