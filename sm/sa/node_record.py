@@ -2,9 +2,9 @@
 
 An end port is every CA port with a LID and each switch's port 0. The record
 carries the port's base LID, the NodeInfo the device answered during discovery
-with PortGUID and LocalPortNum made the end port's (a switch keeps the
-LocalPortNum it answered: the port discovery entered by), and the
-NodeDescription NUL padded to 64 bytes. Records are in LID order.
+with PortGUID and LocalPortNum made the end port's (a switch's: 0, whatever
+port discovery entered by, as OpenSM's ``ib_node_info_set_local_port_num``),
+and the NodeDescription NUL padded to 64 bytes. Records are in LID order.
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ class NodeRecordFamily(TableFamily):
         rows[:, _NI : _NI + 40] = ni[inv]
         guids = np.asarray(f.port_guid)[nodes, ports].astype(">u8").view(np.uint8).reshape(-1, 8)
         rows[:, _PORT_GUID : _PORT_GUID + 8] = guids
-        ca = ~sw[nodes]
-        rows[ca, _LOCAL_PORT] = ports[ca].astype(np.uint8)
+        rows[:, _LOCAL_PORT] = ports.astype(np.uint8)
         rows[:, _DESC : _DESC + 64] = _descs(f.descs, uniq)[inv]
         return rows

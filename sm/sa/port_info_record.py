@@ -8,8 +8,9 @@ end port (a switch's ports: its port 0 LID), Options 0.
 
 M_Key is zeroed in answers to requesters without the SA's SM_Key, before
 matching too, so a query on M_Key tells them nothing. AttributeModifier bit
-31 (advertised in ClassPortInfo as IS_PORT_INFO_CAPMASK_MATCH_SUPPORTED):
-CapabilityMask matches the records that have every bit set in the query's.
+31 (advertised in ClassPortInfo as IS_PORT_INFO_CAPMASK_MATCH_SUPPORTED and
+IS_PORT_INFO_CAPMASK2_MATCH_SUPPORTED): CapabilityMask and CapabilityMask2
+match the records that have every bit set in the query's, as OpenSM does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _PI = 4
 """Offset of PortInfo in the record."""
 _M_KEY = slice(_PI, _PI + 8)
 _CAP = slice(_PI + 20, _PI + 24)
+_CAP2 = slice(_PI + 60, _PI + 62)
 CAPMASK_MATCH = 1 << 31
 """AttributeModifier bit: CapabilityMask matches on the query's bits only."""
 
@@ -34,6 +36,7 @@ CAPMASK_MATCH = 1 << 31
 class PortInfoRecordFamily(TableFamily):
     attr: ClassVar[int] = int(SaAttr.PORT_INFO_RECORD)
     _cap_bit: ClassVar[int] = component_bit(SaAttr.PORT_INFO_RECORD, "CapabilityMask")
+    _cap2_bit: ClassVar[int] = component_bit(SaAttr.PORT_INFO_RECORD, "CapabilityMask2")
 
     def build(self, ctx: SaContext) -> Rows:
         snap = ctx.snapshot
@@ -69,9 +72,15 @@ class PortInfoRecordFamily(TableFamily):
         rows = self.rows(ctx) if req.trusted else self.public_rows(ctx)
         mask = req.mask
         data = req.mad.data
-        if req.mad.attr_mod & CAPMASK_MATCH and mask & self._cap_bit:
-            rows = select(self.attr, rows, data, mask & ~self._cap_bit)
-            want = np.frombuffer(data[_CAP].ljust(4, b"\0"), ">u4")[0]
-            caps = rows[:, _CAP].copy().view(">u4").reshape(-1)
-            return rows[(caps & want) == want]
-        return select(self.attr, rows, data, mask)
+        bitwise = [(bit, cols, dt) for bit, cols, dt in ((self._cap_bit, _CAP, ">u4"), (self._cap2_bit, _CAP2, ">u2"))
+                   if mask & bit]  # fmt: skip
+        if not (req.mad.attr_mod & CAPMASK_MATCH and bitwise):
+            return select(self.attr, rows, data, mask)
+        for bit, _, _ in bitwise:
+            mask &= ~bit
+        rows = select(self.attr, rows, data, mask)
+        for _, cols, dt in bitwise:
+            want = int.from_bytes(data[cols].ljust(cols.stop - cols.start, b"\0"), "big")
+            caps = rows[:, cols].copy().view(dt).reshape(-1).astype(np.uint32)
+            rows = rows[(caps & want) == want]
+        return rows

@@ -39,11 +39,12 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.mad import MadError
-from fabric.mad.rmpp import RmppSender, RmppType, segments
+from fabric.mad.rmpp import RmppFlags, RmppSender, RmppType, segments
 from fabric.mad.sa import (
     SA_CLASS,
     SA_CLASS_VERSION,
     SA_DATA_OFFSET,
+    SaAttr,
     SaMad,
     SaMethod,
     SaStatus,
@@ -193,7 +194,7 @@ class SaServer:
         self._cache: dict[str, Any] = {}
         self._cache_of: object = None
         self._out: dict[tuple[int, int, int], _Outgoing] = {}
-        self.kernel_rmpp = bool(getattr(transport, "kernel_rmpp", False))
+        self.kernel_rmpp = transport.kernel_rmpp
 
     # -- entry ----------------------------------------------------------------------
 
@@ -280,23 +281,23 @@ class SaServer:
         head[3] = method
         head[4:6] = b"\0\0"
         head[36:44] = bytes(8)  # SM_Key: always 0 in answers (C15-0.1.5)
+        if family.attr == SaAttr.CLASS_PORT_INFO:
+            offset = 0  # answered as an attribute, not a record table (as OpenSM)
         head[44:46] = offset.to_bytes(2, "big")
         st = self.stats
         st.records += n
         if method != SaMethod.GET_TABLE_RESP:
-            head[24:36] = bytes(12)
-            self._send(bytes(head) + payload[: 256 - SA_DATA_OFFSET], src, 0)
+            # One MAD, as long as its record (OpenSM hands the MAD layer header + records; a
+            # ClassPortInfo goes whole). A GetResp to a Get has no RMPP.
+            one = bytes(head) + payload[: 256 - SA_DATA_OFFSET]
+            self._send(one.ljust(256, b"\0") if family.attr == SaAttr.CLASS_PORT_INFO else one, src, 0)
             return
-        if self.kernel_rmpp or len(payload) <= 256 - SA_DATA_OFFSET:
-            # One buffer: the kernel's RMPP cuts it (flags ACTIVE, as OpenSM hands it over);
-            # a single-MAD table goes as one DATA segment, FIRST and LAST.
-            head[24] = 1
-            head[25] = int(RmppType.DATA)
-            head[26] = (head[26] & 0xF8) | 0x01 if self.kernel_rmpp else (head[26] & 0xF8) | 0x07
-            head[27] = 0
-            if self.kernel_rmpp:
-                self._send(bytes(head) + payload, src, 0)
-                return
+        if self.kernel_rmpp:
+            # Header + every record in one buffer, RMPP flags ACTIVE (the rest as the request had
+            # them): the kernel's RMPP cuts it into segments; libumad2sim sends its first MAD.
+            head[26] = (head[26] & 0xF8) | int(RmppFlags.ACTIVE)
+            self._send(bytes(head) + payload, src, 0)
+            return
         segs = segments(bytes(head), payload)
         if len(segs) == 1:
             self._send(segs[0], src, 0)
@@ -319,12 +320,12 @@ class SaServer:
         head[24:36] = bytes(12)
         head[36:44] = bytes(8)
         head[44:46] = b"\0\0"
-        self._send(bytes(head).ljust(256, b"\0"), src, status)
+        self._send(bytes(head).ljust(256, b"\0"), src, status)  # a status answer is a whole MAD
 
     def _send(self, mad: bytes, to: MadAddress, status: int, *, segment: bool = False) -> None:
         st = self.stats
         try:
-            self.transport.reply(mad if len(mad) >= 256 else mad.ljust(256, b"\0"), to)
+            self.transport.reply(mad, to)
         except Exception as e:  # the host is gone, the transport closed: counted, never raised
             st.dropped += 1
             log.debug("SA answer to LID %#x not sent: %s", to.lid, e)

@@ -196,6 +196,9 @@ class WindowedTransport(ABC):
 
     _THREADED: ClassVar[bool] = False
     """Replies are delivered on another thread than the event loop's."""
+    kernel_rmpp: ClassVar[bool] = False
+    """An answer longer than a MAD handed to ``reply`` whole is cut into RMPP segments below us (the
+    kernel's MAD layer); otherwise the SA runs the RMPP sender itself."""
 
     def __init__(self, *, window: int = 64, timeout: float = 0.2, retries: int = 3) -> None:
         if window < 1:

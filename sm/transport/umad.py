@@ -401,6 +401,7 @@ class UmadTransport(WindowedTransport):
     """
 
     _THREADED = True
+    kernel_rmpp = True
 
     def __init__(
         self,
@@ -695,8 +696,8 @@ class UmadTransport(WindowedTransport):
             raise ValueError(f"class {mclass:#04x} MAD needs a destination LID, got path {list(route)}")
         elif mclass == MGMT_CLASS_SUBN_LID:
             addr = (route, 0, 0)
-        elif mclass == MGMT_CLASS_PERF:
-            addr = (route, 1, GSI_QKEY)
+        elif mclass == MGMT_CLASS_PERF or (mclass == MGMT_CLASS_SA and mclass in self._agents):
+            addr = (route, 1, GSI_QKEY)  # a GMP: PerfMgt, or an SA Report to a subscriber
         else:
             raise ValueError(f"management class {mclass:#04x} is not registered on this transport")
         self._send_to(mad, addr, self._agents[mclass], tid)
@@ -855,17 +856,21 @@ class UmadTransport(WindowedTransport):
             addr = (to.lid, 0, 0)
         else:
             addr = (to.lid, to.qpn or 1, to.qkey or GSI_QKEY)
-        if len(mad) <= MAD_SIZE:
+        if len(mad) == MAD_SIZE:
             self._send_to(mad, addr, agent)
-        else:
+        else:  # an SA answer as long as its records (the kernel pads or segments it)
             self._send_long(mad, addr, agent)
 
     def _send_long(self, mad: bytes, addr: tuple[int, int, int], agent: int) -> None:
-        """A multi-MAD answer in one buffer of its own (the kernel segments it; libumad2sim cuts it)."""
+        """An answer of its own length in a buffer of its own: shorter than a MAD (the kernel pads it;
+        a host reads the record count off the length), or longer (the kernel segments it; libumad2sim
+        sends its first MAD)."""
         lib = self._lib
         if lib is None or self._portid < 0:
             raise TransportError("transport not started")
         n = len(mad)
+        if n < MAD_HEADER_SIZE:
+            raise ValueError(f"answer of {n} bytes is shorter than a MAD header")
         if n > MAX_RMPP_BYTES:
             raise ValueError(f"answer of {n} bytes; at most {MAX_RMPP_BYTES}")
         hs = self._hdr_size
