@@ -45,6 +45,7 @@ from fabric.model import Fabric
 from fabric.traffic import XMIT_WAIT_TICK_HZ, PredictedTraffic, TrafficClock
 from ibfm.settings import Settings
 from sm.sa.families import all_families
+from sm.sa.inform_info import Reporter
 from sm.sa.server import SaServer
 from sm.sa.store import SaStore
 from sm.sweep.events import EventBus, SweepDone, SweepFailed, _Event
@@ -141,16 +142,20 @@ class Service:
         self.transport: WindowedTransport = self._open_transport()
         self.events = EventBus()
         self.manager = FabricManager(self.transport, sm_config(settings), self.events)
+        store = SaStore()
         self.sa = SaServer(
             self.transport,
             all_families(),
             lambda: self.manager.snapshot,
-            store=SaStore(),
+            store=store,
             sm_key=settings.sm.sm_key,
             ready=lambda: self.manager.elector.is_master,
             sm=self.manager.elector,
         )
         self.transport.serve(self._serve)
+        # InformInfo subscribers hear of ports and links coming and going (traps 64, 65, 128).
+        self.reporter = Reporter(store, self.transport, lambda: self.manager.snapshot)
+        self.events.subscribe(self.reporter.on_event)
         self.perfmgr: Any = None
         self.sweep_stats: Any = None
         self.metrics: Any = None
@@ -317,6 +322,8 @@ class Service:
         try:
             yield
         finally:
+            self.reporter.close()
+            self.sa.close()
             await self.transport.close()
 
     async def _sweep_ctx(self, app: web.Application) -> AsyncIterator[None]:

@@ -115,20 +115,24 @@ def serve_sm(transport: WindowedTransport, manager: FabricManager) -> None:
     """Answer what peers and hosts ask our port: SMInfo (election) and the SA (while master)."""
     from fabric.mad.sa import SA_CLASS
     from sm.sa.families import all_families
+    from sm.sa.inform_info import Reporter
     from sm.sa.server import SaServer
     from sm.sa.store import SaStore
     from sm.transport.base import MadAddress
 
     el = manager.elector
+    store = SaStore()
     sa = SaServer(
         transport,
         all_families(),
         lambda: manager.snapshot,
-        store=SaStore(),
+        store=store,
         sm_key=manager.config.sm_key,
         ready=lambda: el.is_master,
         sm=el,
     )
+    reporter = Reporter(store, transport, lambda: manager.snapshot)
+    manager.events.subscribe(reporter.on_event)
 
     def dispatch(mad: bytes, src: MadAddress) -> bool:
         return sa.take(mad, src) if mad[1] == SA_CLASS else el.take(mad, src)

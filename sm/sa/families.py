@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from sm.sa.class_port_info import ClassPortInfoFamily
 from sm.sa.guid_info_record import GuidInfoRecordFamily
+from sm.sa.inform_info import InformInfoFamily, InformInfoRecordFamily
 from sm.sa.link_record import LinkRecordFamily
+from sm.sa.mcmember_record import McMemberRecordFamily
 from sm.sa.node_record import NodeRecordFamily
 from sm.sa.path_record import PathRecordFamily
 from sm.sa.port_info_record import PortInfoRecordFamily
 from sm.sa.port_tables import PKeyTableRecordFamily, Sl2VlTableRecordFamily, VlArbTableRecordFamily
 from sm.sa.server import Family
+from sm.sa.service_record import ServiceRecordFamily
 from sm.sa.sm_info_record import SmInfoRecordFamily
 from sm.sa.switch_records import LftRecordFamily, MftRecordFamily, SwitchInfoRecordFamily
 
@@ -30,4 +33,8 @@ def all_families() -> list[Family]:
         SmInfoRecordFamily(),
         LinkRecordFamily(),
         PathRecordFamily(),
+        ServiceRecordFamily(),
+        InformInfoFamily(),
+        InformInfoRecordFamily(),
+        McMemberRecordFamily(),
     ]
