@@ -11,7 +11,22 @@ ibfm sweeps the emulated fabric (heavy sweep, timed), then:
 - Gets over the emulated transport from a host's endpoint (the SA on the SM's port, as
   tests/sa_rig.py wires it) with 1, 4 and 16 outstanding.
 
-Not here (no time yet): OpenSM vs ibfm over ibsim with a libumad client.
+With ``--ibsim`` (or ``--ibsim-only``), OpenSM beside ibfm in the same run on one ibsim fabric
+(``--sim-levels 3 --sim-radix 12``: 432 hosts, 180 switches; ibsim's limits raised as
+bench/vs_opensm.py does), each as master in turn (OpenSM 3.3.23 ``opensm``, then ``ibfm serve
+--transport umad``, both on host-00000 with the same guid2lid file so every LID is the same), asked
+by a small ctypes libibumad client at another host (this file run again with ``--umad-client``
+under libumad2sim: a class 0x03 version 2 agent, ``umad_send`` to the SM's LID, QP1, Q_Key
+0x80010000, ``umad_recv``):
+
+- PathRecord Get (SLID+DLID, random host pairs) per second with 1, 4 and 16 outstanding;
+- the time of a GetTable of every NodeRecord and of every PathRecord from one source, to the
+  first MAD of the answer: libumad2sim has no RMPP, so either SA's answer is cut to one MAD
+  (the time includes building the whole table, not sending it).
+
+OpenSM on ibsim measured 4-12k PathRecords/s with 1 outstanding, 9-20k with 4, 17-30k with 16
+(ibsim is one single-threaded process: the figures are the SA plus ibsim, and noisy).
+
 Bounded in time; prints figures, asserts nothing. ``--levels 2 --radix 36`` for a quick run.
 """
 
@@ -19,9 +34,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import json
 import random
+import shutil
+import socket
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +95,21 @@ def main() -> None:
     ap.add_argument("--radix", type=int, default=36)
     ap.add_argument("--gets", type=int, default=20000)
     ap.add_argument("--seconds", type=float, default=3.0, help="per window size over the emulated transport")
+    ap.add_argument("--ibsim", action="store_true", help="also OpenSM vs ibfm over ibsim")
+    ap.add_argument("--ibsim-only", action="store_true", help="only OpenSM vs ibfm over ibsim")
+    ap.add_argument("--sim-levels", type=int, default=3)
+    ap.add_argument("--sim-radix", type=int, default=12)
+    ap.add_argument("--sim-seconds", type=float, default=3.0, help="per window size over ibsim")
+    ap.add_argument("--tables", type=int, default=30, help="GetTable repetitions over ibsim (median)")
+    ap.add_argument("--umad-client", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    asyncio.run(run(args))
+    if args.umad_client:
+        print(json.dumps(umad_client(json.loads(args.umad_client))), flush=True)
+        return
+    if not args.ibsim_only:
+        asyncio.run(run(args))
+    if args.ibsim or args.ibsim_only:
+        vs_opensm(args)
 
 
 async def run(args: Any) -> None:
@@ -185,6 +221,261 @@ async def run(args: Any) -> None:
     print(f"{'measure':<{w}}  {'rate':>14}  detail")
     for a, b, c in rows:
         print(f"{a:<{w}}  {b:>14}  {c}")
+
+
+# -- over ibsim: OpenSM vs ibfm, asked by a libibumad client ------------------------------------------
+
+SA_QKEY = 0x80010000
+SM_HOST = "host-00000"
+CLIENT_HOST = "host-00005"
+
+
+def umad_client(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Inside libumad2sim: PathRecord Gets with each window for ``seconds``; GetTables timed."""
+    from sm.transport.umad import load_libibumad
+
+    lib = load_libibumad()
+    if lib.umad_init() < 0:
+        raise SystemExit("umad_init failed")
+    portid = lib.umad_open_port(None, 0)
+    if portid < 0:
+        raise SystemExit(f"umad_open_port: {portid}")
+    agent = lib.umad_register(portid, 0x03, 2, 0, None)
+    if agent < 0:
+        raise SystemExit(f"umad_register class 0x03: {agent}")
+    hs = int(lib.umad_size())
+    sbuf = ctypes.create_string_buffer(hs + 256)
+    rbuf = ctypes.create_string_buffer(hs + 4096)
+    rlen = ctypes.c_int(0)
+    sm_lid = int(cfg["sm_lid"])
+    hosts = [int(x) for x in cfg["hosts"]]
+    rng = random.Random(1)
+    tid = [0x1000]
+
+    def send(mad: bytes) -> int:
+        tid[0] += 1
+        m = bytearray(mad)
+        m[8:16] = tid[0].to_bytes(8, "big")
+        ctypes.memset(sbuf, 0, hs + 256)
+        ctypes.memmove(ctypes.addressof(sbuf) + hs, bytes(m), 256)
+        lib.umad_set_addr(sbuf, sm_lid, 1, 0, SA_QKEY)
+        rc = lib.umad_send(portid, agent, sbuf, 256, 2000, 0)
+        if rc < 0:
+            raise SystemExit(f"umad_send: {rc}")
+        return tid[0] & 0xFFFFFFFF
+
+    def recv(timeout_ms: int = 3000) -> tuple[int, int, int] | None:
+        """(TID low 32 bits, MAD status, umad status) of the next MAD; None on a timeout."""
+        rlen.value = 4096
+        rc = lib.umad_recv(portid, rbuf, ctypes.byref(rlen), timeout_ms)
+        if rc < 0:
+            return None
+        raw = ctypes.string_at(ctypes.addressof(rbuf) + hs, 64)
+        return int.from_bytes(raw[12:16], "big"), int.from_bytes(raw[4:6], "big"), int(lib.umad_status(rbuf))
+
+    cm = component_mask(PR, ["SLID", "DLID"])
+
+    def pr_get() -> bytes:
+        return sa_mad(SaMethod.GET, PR, tid=0, component_mask=cm, data=pr_query(rng.choice(hosts), rng.choice(hosts)))
+
+    out: dict[str, Any] = {"windows": {}}
+    for window in cfg["windows"]:
+        for _ in range(50):  # warm up
+            send(pr_get())
+            recv()
+        ok = bad = lost = 0
+        out_tids: set[int] = set()
+        t0 = time.perf_counter()
+        stop = t0 + float(cfg["seconds"])
+        for _ in range(window):
+            out_tids.add(send(pr_get()))
+        while out_tids:
+            r = recv()
+            if r is None:
+                lost += len(out_tids)
+                break
+            t, status, ustatus = r
+            if t not in out_tids:
+                continue
+            out_tids.discard(t)
+            if ustatus:
+                lost += 1
+            elif status == 0:
+                ok += 1
+            else:
+                bad += 1
+            if time.perf_counter() < stop:
+                out_tids.add(send(pr_get()))
+        dt = time.perf_counter() - t0
+        out["windows"][str(window)] = {"ok": ok, "bad": bad, "lost": lost, "seconds": dt, "rate": ok / dt}
+
+    def table(mad: bytes) -> dict[str, Any]:
+        times, statuses = [], set()
+        for _ in range(int(cfg["tables"])):
+            t0 = time.perf_counter()
+            want = send(mad)
+            while True:
+                r = recv()
+                if r is None or r[0] == want:
+                    break
+            if r is None:
+                continue
+            times.append(time.perf_counter() - t0)
+            statuses.add(r[1])
+        return {"median_ms": statistics.median(times) * 1e3 if times else None, "n": len(times),
+                "statuses": sorted(statuses)}  # fmt: skip
+
+    out["node_table"] = table(sa_mad(SaMethod.GET_TABLE, int(SaAttr.NODE_RECORD), tid=0))
+    cmt = component_mask(PR, ["SLID"])
+    out["path_table"] = table(sa_mad(SaMethod.GET_TABLE, PR, tid=0, component_mask=cmt, data=pr_query(hosts[0])))
+    lib.umad_unregister(portid, agent)
+    lib.umad_close_port(portid)
+    return out
+
+
+def _client_run(sim: Any, work: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    env = sim.env(sim_host=CLIENT_HOST)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    cp = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--umad-client", json.dumps(cfg)],
+        env=env, cwd=work, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
+    if cp.returncode or not lines:
+        raise RuntimeError(f"umad client exit {cp.returncode}:\n{cp.stdout[-2000:]}\n{cp.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def _stop(p: subprocess.Popen[Any]) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _wait(what: str, cond: Any, timeout: float, p: subprocess.Popen[Any]) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        if p.poll() is not None:
+            raise RuntimeError(f"{what}: the SM exited {p.returncode}")
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def vs_opensm(args: Any) -> None:
+    from bench.vs_opensm import SIM_SPEED, sim_args
+    from fabric.formats.netfile import write_net
+    from fabric.ibsim import IbsimProcess, missing_ibsim_tools
+    from sm.sweep.lids import write_guid2lid
+
+    missing = missing_ibsim_tools("saquery")
+    if missing or shutil.which("opensm") is None:
+        print(f"\nover ibsim: skipped (missing: {', '.join(missing) or 'opensm'})")
+        return
+    f = fattree(args.sim_levels, args.sim_radix, speed=SIM_SPEED)
+    ep = f.endports().tolist()
+    ordered = sorted(ep, key=lambda np_: (f.is_switch(np_[0]), np_[0]))
+    plan = {int(f.port_guid[n, p]): (i, i) for i, (n, p) in enumerate(ordered, start=1)}
+    lid_of = {(n, p): i for i, (n, p) in enumerate(ordered, start=1)}
+    hosts = [lid_of[(int(n), 1)] for n in f.cas]
+    sm_lid = lid_of[(f.by_name(SM_HOST), 1)]
+    print(
+        f"\nover ibsim: fattree({args.sim_levels}, {args.sim_radix}): {len(f.cas):,} hosts, "
+        f"{len(f.switches):,} switches; SM at {SM_HOST} (LID {sm_lid}), client at {CLIENT_HOST}"
+    )
+    cfg = {"sm_lid": sm_lid, "hosts": hosts, "windows": [1, 4, 16], "seconds": args.sim_seconds,
+           "tables": args.tables}  # fmt: skip
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="ibfm-sa-bench-") as tmp:
+        work = Path(tmp)
+        net = work / "fabric.net"
+        write_net(f, net)
+        g2l = work / "guid2lid"
+        write_guid2lid(g2l, plan)
+        with IbsimProcess(net, extra_args=sim_args(f)) as sim:
+            # OpenSM
+            osm = work / "opensm"
+            (osm / "cache").mkdir(parents=True)
+            shutil.copy(g2l, osm / "cache" / "guid2lid")
+            (osm / "opensm.conf").write_text("")
+            log = osm / "opensm.log"
+            env = dict(sim.env(sim_host=SM_HOST), OSM_CACHE_DIR=str(osm / "cache"))
+            po = subprocess.Popen(
+                ["opensm", "-F", str(osm / "opensm.conf"), "-f", str(log), "-d2", "--honor_guid2lid"],
+                env=env, cwd=osm, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            try:
+                up = _wait("OpenSM SUBNET UP", lambda: log.exists() and "SUBNET UP" in log.read_text(errors="replace"),
+                           120, po)  # fmt: skip
+                print(f"OpenSM: SUBNET UP after {up:.1f} s", flush=True)
+                results["OpenSM"] = _client_run(sim, work, cfg)
+            finally:
+                _stop(po)
+            # ibfm
+            ib = work / "ibfm"
+            ib.mkdir()
+            shutil.copy(g2l, ib / "guid2lid")
+            env = sim.env(sim_host=SM_HOST)
+            env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+            env["IBFM_PERFMGR__ENABLED"] = "false"
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+
+            def health() -> dict[str, Any]:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/health", timeout=2) as r:
+                        h: dict[str, Any] = json.load(r)
+                        return h
+                except OSError:
+                    return {}
+
+            with (ib / "ibfm.log").open("w") as out:
+                p = subprocess.Popen(
+                    [sys.executable, "-m", "ibfm.cli", "serve", "--transport", "umad", "--listen",
+                     f"127.0.0.1:{port}", "--sweep-interval", "10", "--guid2lid", str(ib / "guid2lid")],
+                    env=env, cwd=ib, stdout=out, stderr=subprocess.STDOUT, text=True,
+                )  # fmt: skip
+                try:
+                    up = _wait("ibfm subnet up", lambda: health().get("subnet_up") is True, 120, p)
+                    print(f"ibfm: subnet up after {up:.1f} s (from process start)", flush=True)
+                    results["ibfm"] = _client_run(sim, work, cfg)
+                finally:
+                    _stop(p)
+    print_vs(results)
+
+
+def print_vs(results: dict[str, dict[str, Any]]) -> None:
+    o, i = results.get("OpenSM"), results.get("ibfm")
+    if o is None or i is None:
+        print("over ibsim: incomplete", results)
+        return
+    rows: list[tuple[str, str, str, str]] = []
+    for w in ("1", "4", "16"):
+        a, b = o["windows"][w], i["windows"][w]
+        ratio = f"{b['rate'] / a['rate']:.2f}x" if a["rate"] else "-"
+        rows.append((f"PathRecord Get, {w} outstanding (/s)", f"{a['rate']:,.0f}", f"{b['rate']:,.0f}", ratio))
+        if a["bad"] or a["lost"] or b["bad"] or b["lost"]:
+            rows.append((f"  not OK / lost, {w} outstanding", f"{a['bad']}/{a['lost']}", f"{b['bad']}/{b['lost']}", ""))
+    for key, label in (("node_table", "NodeRecord GetTable all"), ("path_table", "PathRecord GetTable 1 src -> all")):
+        a, b = o[key], i[key]
+        am, bm = a["median_ms"], b["median_ms"]
+        ratio = f"{am / bm:.2f}x" if am and bm else "-"
+        rows.append((f"{label} (ms to 1st MAD)", f"{am:.2f}" if am else "-", f"{bm:.2f}" if bm else "-", ratio))
+    title = "over ibsim (libumad2sim cuts GetTables to one MAD)"
+    width = max(len(title), *(len(r[0]) for r in rows))
+    print()
+    print(f"{title:<{width}}  {'OpenSM':>10}  {'ibfm':>10}  ibfm/OpenSM")
+    for a_, b_, c_, d_ in rows:
+        print(f"{a_:<{width}}  {b_:>10}  {c_:>10}  {d_}")
+    print("(rates: ibfm/OpenSM > 1 is ibfm faster; table times: OpenSM/ibfm > 1 is ibfm faster)")
 
 
 if __name__ == "__main__":

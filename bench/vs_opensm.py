@@ -380,7 +380,8 @@ HEADER = (
 def print_row(r: Result, *, flush: bool = False) -> None:
     def fmt(v: Any, spec: str) -> str:
         if v is None:
-            return "-".rjust(int(re.match(r"\d*", spec).group() or 0))
+            width = re.match(r"\d*", spec)
+            return "-".rjust(int(width.group() or 0) if width else 0)
         return format(v, spec)
 
     phases = " ".join(f"{k} {v:.2f}" for k, v in r.phases.items())

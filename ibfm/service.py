@@ -152,7 +152,7 @@ class Service:
             ready=lambda: self.manager.elector.is_master,
             sm=self.manager.elector,
         )
-        self.transport.serve(self._serve)
+        self.transport.serve(self._serve, inline=self.sa.take_inline)
         # InformInfo subscribers hear of ports and links coming and going (traps 64, 65, 128).
         self.reporter = Reporter(store, self.transport, lambda: self.manager.snapshot)
         self.events.subscribe(self.reporter.on_event)

@@ -337,7 +337,7 @@ async def scenario_errors(args: dict[str, Any]) -> dict[str, Any]:
     """Opening a CA or port that does not exist: TransportError messages."""
     from sm.transport.base import TransportError
 
-    out = {}
+    out: dict[str, Any] = {}
     for name, kw in (("bad_ca", {"ca": "mlx5_9"}), ("bad_port", {"port": 7})):
         try:
             t = await _open(kw)
@@ -418,6 +418,94 @@ async def scenario_fuzz(args: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(float(args.get("settle", 1.0)))
         # Answers to what we sent (refusals from the SM) arrive here unmatched: count them.
         return {"sent": sent, "stats": vars(t.stats)}
+    finally:
+        await t.close()
+
+
+async def scenario_sa_fuzz(args: dict[str, Any]) -> dict[str, Any]:
+    """Send ``count`` fuzzed SA (QP1, our own class 0x03 agent) and SubnGet/SubnSet(SMInfo) (QP0,
+    LID routed) MADs to the SM at LID ``lid`` (tests/test_sa_fuzz.py's generators, about CA LIDs
+    ``ca_lids`` and switch LID ``sw_lid``), wait ``settle`` seconds, and count the answers by class and
+    status: answers with a TID we did not send, or not 256 bytes, are counted apart."""
+    import ctypes
+    import random
+    from collections import Counter
+
+    from sm.transport.umad import GSI_QKEY, MAD_SIZE
+    from tests.test_sa_fuzz import fuzz_sa, fuzz_smp, sa_templates_for
+
+    count = int(args["count"])
+    rng = random.Random(int(args.get("seed", 1)))
+    lid = int(args["lid"])
+    cas = args.get("ca_lids") or [lid, lid]
+    templates = sa_templates_for(int(cas[0]), int(cas[-1]), int(args.get("sw_lid", lid)))
+    mads: list[tuple[bytes, int]] = [(m[:MAD_SIZE], 1) for m in fuzz_sa(rng, templates, count * 2 // 3)]
+    for m in fuzz_smp(rng, count - len(mads)):
+        b = bytearray(m)
+        if len(b) > 1 and b[1] == 0x81:
+            b[1] = 0x01  # LID routed to the SM: a DR path from here leads elsewhere
+        if len(b) >= 16:
+            b[8:16] = (len(mads) + 1 | rng.getrandbits(32) << 32).to_bytes(8, "big")
+        mads.append((bytes(b[:MAD_SIZE]), 0))
+    rng.shuffle(mads)
+    # The kernel (and libumad2sim) puts the agent's own number in the TID's upper 32 bits: match the lower.
+    sent_tids = {m[12:16] for m, _ in mads if len(m) >= 16}
+
+    t = await _open(args)
+    lock = threading.Lock()
+    by_status: dict[str, Counter[str]] = {"sa": Counter(), "smp": Counter()}
+    tally = Counter[str]()
+    deliver = t._deliver
+
+    def catch(mad: bytes) -> None:
+        with lock:
+            tally["answers"] += 1
+            if len(mad) != MAD_SIZE and not (len(mad) >= 56 and mad[1] == 0x03):  # SA answers: as long as their records
+                tally["wrong_size"] += 1
+            if mad[12:16] not in sent_tids:
+                tally["wrong_tid"] += 1
+            elif len(mad) >= 36 and mad[1] == 0x03:
+                if mad[24] == 1 and mad[26] & 1 and mad[25] == 1 and not mad[26] & 0x2:
+                    tally["rmpp_later_segments"] += 1  # not the first segment
+                by_status["sa"][f"{int.from_bytes(mad[4:6], 'big'):#06x}"] += 1
+            else:
+                by_status["smp"][f"{int.from_bytes(mad[4:6], 'big'):#06x}"] += 1
+        deliver(mad)
+
+    t._deliver = catch  # type: ignore[method-assign]
+    try:
+        lib = t._lib
+        sa_agent = lib.umad_register(t._portid, 0x03, 2, 0, None)
+        if sa_agent < 0:
+            raise RuntimeError(f"umad_register class 0x03: {sa_agent}")
+        hs = t._hdr_size
+        buf = ctypes.create_string_buffer(hs + MAD_SIZE)
+        sent = Counter[str]()
+        for i, (mad, qp) in enumerate(mads):
+            agent = t._agents[0x01] if qp == 0 else sa_agent
+            ctypes.memset(buf, 0, hs + MAD_SIZE)
+            ctypes.memmove(ctypes.addressof(buf) + hs, mad, len(mad))
+            lib.umad_set_addr(buf, lid, qp, 0, 0 if qp == 0 else GSI_QKEY)
+            with t._lock:
+                rc = lib.umad_send(t._portid, agent, buf, len(mad), 0, 0)
+            if rc >= 0:
+                sent["smp" if qp == 0 else "sa"] += 1
+            if i % 64 == 63:
+                await asyncio.sleep(0.002)
+        await asyncio.sleep(float(args.get("settle", 2.0)))
+        with lock:
+            return {
+                "sent": sum(sent.values()),
+                "sa_sent": sent["sa"],
+                "smp_sent": sent["smp"],
+                "answers": tally["answers"],
+                "wrong_tid": tally["wrong_tid"],
+                "wrong_size": tally["wrong_size"],
+                "rmpp_later_segments": tally["rmpp_later_segments"],
+                "sa_status": dict(by_status["sa"]),
+                "smp_status": dict(by_status["smp"]),
+                "stats": vars(t.stats),
+            }
     finally:
         await t.close()
 

@@ -137,7 +137,7 @@ def serve_sm(transport: WindowedTransport, manager: FabricManager) -> None:
     def dispatch(mad: bytes, src: MadAddress) -> bool:
         return sa.take(mad, src) if mad[1] == SA_CLASS else el.take(mad, src)
 
-    transport.serve(dispatch)
+    transport.serve(dispatch, inline=sa.take_inline)
 
 
 async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportStats]:

@@ -33,6 +33,7 @@ GSI_QKEY = 0x80010000
 
 
 class ClassPortInfoFamily:
+    reads_only: ClassVar[bool] = True
     attr: ClassVar[int] = int(SaAttr.CLASS_PORT_INFO)
     size: ClassVar[int] = CLASS_PORT_INFO.size
     methods: ClassVar[frozenset[int]] = frozenset({int(SaMethod.GET)})

@@ -104,6 +104,7 @@ _GUID_BIT0 = 4
 
 
 class GuidInfoRecordFamily(TableFamily):
+    reads_only: ClassVar[bool] = False  # the alias GUIDs live in the store
     attr: ClassVar[int] = int(SaAttr.GUID_INFO_RECORD)
     methods: ClassVar[frozenset[int]] = GET_METHODS | {int(SaMethod.SET), int(SaMethod.DELETE)}
 

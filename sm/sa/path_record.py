@@ -435,6 +435,7 @@ def _pairs(ns: int, nd: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]
 
 
 class PathRecordFamily:
+    reads_only: ClassVar[bool] = True
     attr: ClassVar[int] = _A
     size: ClassVar[int] = 64
     methods: ClassVar[frozenset[int]] = frozenset({int(SaMethod.GET), int(SaMethod.GET_TABLE)})

@@ -65,6 +65,7 @@ _RESPONSE = {
     SaMethod.GET_MULTI: SaMethod.GET_MULTI_RESP,
 }
 _RMPP_CONTROL = (int(RmppType.ACK), int(RmppType.STOP), int(RmppType.ABORT))
+_INLINE_METHODS = (int(SaMethod.GET), int(SaMethod.GET_TABLE))
 RMPP_TIMEOUT_S = 0.2
 """Time an RMPP sender waits for an ACK before sending again from the last one acknowledged."""
 RMPP_RETRIES = 5
@@ -198,6 +199,28 @@ class SaServer:
 
     # -- entry ----------------------------------------------------------------------
 
+    def take_inline(self, raw: bytes, src: MadAddress) -> bool:
+        """The transport's fast path (its receive thread): a Get or GetTable of a family that reads only
+        the snapshot, answered right there with no hop to the event loop; False for anything else
+        (Sets, Deletes, the stateful families, RMPP we run ourselves), which goes the usual way."""
+        if (
+            not self.kernel_rmpp
+            or len(raw) < SA_DATA_OFFSET
+            or raw[1] != SA_CLASS
+            or raw[3] not in _INLINE_METHODS
+            or raw[24:27] != b"\0\0\0"  # no RMPP header: a plain request
+        ):
+            return False
+        family = self.families.get(int.from_bytes(raw[16:18], "big"))
+        if family is None or not getattr(family, "reads_only", False):
+            return False
+        # A table not built yet for this snapshot is built on the event loop (a second of numpy on a
+        # large fabric must not hold up the answers to the sweep's SMPs on this thread).
+        warm = getattr(family, "warm", None)
+        if self._snapshot() is not self._cache_of or (warm is not None and not warm(self._cache)):
+            return False
+        return self.take(raw, src)
+
     def take(self, raw: bytes, src: MadAddress) -> bool:
         """The transport's service hook for class 0x03: always takes the MAD (answers or counts it)."""
         st = self.stats
@@ -287,15 +310,17 @@ class SaServer:
         st = self.stats
         st.records += n
         if method != SaMethod.GET_TABLE_RESP:
+            head[24:36] = bytes(12)
             # One MAD, as long as its record (OpenSM hands the MAD layer header + records; a
             # ClassPortInfo goes whole). A GetResp to a Get has no RMPP.
             one = bytes(head) + payload[: 256 - SA_DATA_OFFSET]
             self._send(one.ljust(256, b"\0") if family.attr == SaAttr.CLASS_PORT_INFO else one, src, 0)
             return
         if self.kernel_rmpp:
-            # Header + every record in one buffer, RMPP flags ACTIVE (the rest as the request had
-            # them): the kernel's RMPP cuts it into segments; libumad2sim sends its first MAD.
-            head[26] = (head[26] & 0xF8) | int(RmppFlags.ACTIVE)
+            # Header + every record in one buffer, RMPP flags ACTIVE (version and type 0, as OpenSM
+            # hands saquery's zeros back): the kernel's RMPP cuts it; libumad2sim sends its first MAD.
+            head[24:36] = bytes(12)  # what a host's request had there is no business of the answer's
+            head[26] = int(RmppFlags.ACTIVE)
             self._send(bytes(head) + payload, src, 0)
             return
         segs = segments(bytes(head), payload)
@@ -380,8 +405,11 @@ class SaServer:
                 if out.timer is not None:
                     out.timer.cancel()
                 del self._out[key]
-                self.stats.answered += 1
-                self.stats.status[0] += 1
+                if getattr(out.sender, "error", None) is not None:
+                    self.stats.rmpp_aborted += 1  # a bad ACK made our sender abort
+                else:
+                    self.stats.answered += 1
+                    self.stats.status[0] += 1
             else:
                 self._arm(key, out)
         else:  # STOP or ABORT: the requester gave up

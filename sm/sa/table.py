@@ -48,6 +48,8 @@ class TableFamily:
     methods: ClassVar[frozenset[int]] = GET_METHODS
     trusted_only: ClassVar[bool] = False
     """Answered only to requests with the SA's SM_Key (others: ERR_REQ_INVALID, as OpenSM)."""
+    reads_only: ClassVar[bool] = True
+    """Get and GetTable read only the snapshot (not the SA's store): answerable off the event loop."""
 
     def __init_subclass__(cls) -> None:
         super().__init_subclass__()
@@ -58,6 +60,10 @@ class TableFamily:
     def build(self, ctx: SaContext) -> Rows:
         """Every record of this family in the snapshot, packed."""
         raise NotImplementedError
+
+    def warm(self, cache: dict[str, object]) -> bool:
+        """Whether this snapshot's records are built already (a query then costs one comparison)."""
+        return f"table:{self.attr:#06x}" in cache
 
     def rows(self, ctx: SaContext) -> Rows:
         key = f"table:{self.attr:#06x}"

@@ -221,6 +221,7 @@ class WindowedTransport(ABC):
         self._closed = False
         self._batches: set[_Batch] = set()
         self._responder: Responder | None = None
+        self._inline: Responder | None = None
         self._backlog = 0
         """Requests handed to the event loop for the services and not yet taken (umad's receive thread)."""
         self._streams: dict[int, Callable[[bytes], None]] = {}
@@ -314,12 +315,15 @@ class WindowedTransport(ABC):
 
     # -- serving --------------------------------------------------------------
 
-    def serve(self, responder: Responder | None) -> None:
+    def serve(self, responder: Responder | None, *, inline: Responder | None = None) -> None:
         """Hand requests that arrive (those that are not traps) to ``responder``; None stops it.
 
-        Without a responder every such request is refused, as before.
+        Without a responder every such request is refused, as before. ``inline`` is tried first
+        where requests arrive on a thread of the transport's own (umad): what it takes is answered
+        there, without waking the event loop; it must be thread-safe and quick.
         """
         self._responder = responder
+        self._inline = inline if responder is not None else None
 
     def reply(self, mad: bytes, to: MadAddress) -> None:
         """Send an answer (or an RMPP segment, or a Report's ACK) to ``to`` as is: no TID, window or retry."""
