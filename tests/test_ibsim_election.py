@@ -9,6 +9,7 @@ fabric is fully routed after each takeover. The times are printed (``-s``).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +28,8 @@ from tests.test_ibsim_sm import REPO, SIM_SPEED, Sim, start_sim
 
 IBFM_HOST = "host-00000"
 OSM_HOST = "host-00001"
+OSM_LOG_FLAGS = os.environ.get("IBFM_TEST_OSM_LOG", "0x03")
+"""OpenSM's -D: errors and info (SUBNET UP). More (0x0f) slows OpenSM enough to hide its races."""
 TOOL_HOST = "host-00002"
 """CLIENT of tests.test_ibsim_faults (judge_routes asks from there) is host-00002 too."""
 
@@ -79,16 +82,18 @@ class OpenSm:
 
 
 @contextmanager
-def opensm(sim: Sim, *, priority: int, polling_ms: int = 10000, retries: int = 4) -> Iterator[OpenSm]:
-    """OpenSM at OSM_HOST with its own config (empty but for the SMInfo polling), log flushed (-d2)."""
-    work = sim.work / "opensm"
+def opensm(
+    sim: Sim, *, priority: int, polling_ms: int = 10000, retries: int = 4, host: str = OSM_HOST
+) -> Iterator[OpenSm]:
+    """OpenSM at ``host`` with its own config (empty but for the SMInfo polling), log flushed (-d2)."""
+    work = sim.work / f"opensm-{host}"
     work.mkdir(exist_ok=True)
     conf = work / "opensm.conf"
     conf.write_text(f"sminfo_polling_timeout {polling_ms}\npolling_retry_number {retries}\n")
     log = work / "opensm.log"
-    env = dict(sim.proc.env(sim_host=OSM_HOST), OSM_CACHE_DIR=str(work))
+    env = dict(sim.proc.env(sim_host=host), OSM_CACHE_DIR=str(work))
     proc = subprocess.Popen(
-        ["opensm", "-F", str(conf), "-f", str(log), "-d2", "-D", "0x03", "-p", str(priority)],
+        ["opensm", "-F", str(conf), "-f", str(log), "-d2", "-D", OSM_LOG_FLAGS, "-p", str(priority)],
         env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
@@ -126,7 +131,7 @@ def test_opensm_takes_a_higher_priority_over_and_ibfm_takes_back_when_it_dies(tm
         fabric = read_net(sim.netfile)
         with ibfm_serve(sim, priority=0) as ib:
             up = wait_for("ibfm master, subnet up", lambda: ib.health().get("subnet_up") is True, 30)
-            with opensm(sim, priority=5) as osm:
+            with opensm(sim, priority=5, polling_ms=1000, retries=2) as osm:
                 t0 = time.monotonic()
                 handover = wait_for("ibfm standby", lambda: ib.role() == "standby", 15)
                 wait_for("OpenSM master", lambda: "SUBNET UP" in osm.text(), 15)

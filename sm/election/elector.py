@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 DR_D_BIT = 0x8000
 STATUS_INVALID_FIELD = 0x001C
+PROVISIONAL_S = 1.0
+"""Longest a master answers STANDBY while it asks a newly announced SM's SMInfo."""
 SM_PRIORITY_CHANGE = 0x0008
 """Trap 144 ChangeFlags bit: the SM priority changed (what a better standby tells a lower master)."""
 
@@ -153,6 +155,7 @@ class Elector:
         lid: Callable[[], int] = lambda: 0,
         on_change: StateListener | None = None,
         request_sweep: Callable[[str, bool], None] | None = None,
+        locate: Callable[[bytes], tuple[int, int] | None] | None = None,
     ) -> None:
         if not 0 <= priority <= 15:
             raise ValueError(f"SM priority {priority} outside 0..15")
@@ -165,6 +168,9 @@ class Elector:
         self._lid = lid
         self._on_change = on_change
         self._request_sweep = request_sweep
+        self._locate = locate
+        """Directed-route SMP as it arrived -> (port GUID, LID) of the port that sent it (from the snapshot)."""
+        self._asked: dict[int, float] = {}
         self.state = SmState.DISCOVERING
         self.master: PeerSm | None = None
         """The master when it is another SM (STANDBY, or a MASTER waiting for a handover)."""
@@ -184,6 +190,8 @@ class Elector:
         self._next_poll = 0.0
         self._trap_tid = 0
         self._seen_lid = 0
+        self._provisional_until = 0.0
+        """Until then a master waiting for a newly announced SM's SMInfo answers STANDBY (``consider``)."""
         """Our port's LID as the last discovery read it (a standby has no snapshot of its own)."""
 
     # -- state ----------------------------------------------------------------------
@@ -195,7 +203,7 @@ class Elector:
 
     @property
     def is_master(self) -> bool:
-        return self.state == SmState.MASTER and not self.waiting_handover
+        return self.state == SmState.MASTER and not self.waiting_handover and not self._provisional
 
     @property
     def may_write(self) -> bool:
@@ -259,7 +267,7 @@ class Elector:
                 "SM_Key": self.sm_key if key else 0,
                 "ActCount": self.act_count,
                 "Priority": self.priority,
-                "SMState": int(self.state),
+                "SMState": int(SmState.STANDBY if self._provisional else self.state),
             }
         ).ljust(64, b"\0")
 
@@ -276,8 +284,29 @@ class Elector:
             status = 0x0004
         elif mad[3] == Method.SET:
             status = self._control(int.from_bytes(mad[20:24], "big"), mad[64:128], src)
+        elif self.state == SmState.MASTER and mad[1] == MgmtClass.SUBN_DR:
+            self._newcomer(mad)
         self._answer(mad, src, status)
         return True
+
+    def _newcomer(self, mad: bytes) -> None:
+        """A SubnGet(SMInfo) by directed route while we are master: an SM's discovery asking. If it comes
+        from a port we know as no SM, a new SM is discovering: we answer STANDBY for a moment and ask it
+        (``consider``), so that a better SM finds no master and takes the subnet at once, and a lower
+        one stands by behind us as it would anyway (we rank above it)."""
+        locate = self._locate
+        found = locate(mad) if locate is not None else None
+        if found is None:
+            return
+        guid, lid = found
+        if guid == self.own_guid() or guid in self.peers or not lid:
+            return
+        now = time.monotonic()
+        if now < self._asked.get(guid, 0.0):
+            return
+        self._asked[guid] = now + 1.0
+        self.expect_sm()
+        asyncio.get_running_loop().create_task(self.consider(lid))
 
     def _answer(self, req: bytes, src: MadAddress, status: int) -> None:
         buf = bytearray(req[:256].ljust(256, b"\0"))
@@ -486,24 +515,44 @@ class Elector:
         self._next_poll = time.monotonic() + self.poll_interval
         return True
 
-    async def consider(self, lid: int) -> None:
-        """Trap 144 from ``lid``: an SM came up there (or changed priority). A master asks it at once
-        and stands by if it is better, before that SM's discovery reaches our port and finds a master."""
+    @property
+    def _provisional(self) -> bool:
+        return self._provisional_until > 0.0 and time.monotonic() < self._provisional_until
+
+    def expect_sm(self) -> None:
+        """An SM's IsSM just came up (Trap 144, seen where it arrives, even on the transport's thread):
+        a master answers SMInfo as STANDBY for at most PROVISIONAL_S, until ``consider`` knows more."""
+        if self.state == SmState.MASTER:
+            self._provisional_until = time.monotonic() + PROVISIONAL_S
+
+    async def consider(self, lid: int, *, is_sm: bool = True) -> None:
+        """Trap 144 from ``lid``: an SM may have come up there (or changed priority). A master asks it
+        at once and stands by if it is better, before that SM's discovery reaches our port and finds a
+        master. While the answer is on its way (``is_sm``: the trap's new CapabilityMask has IsSM) we
+        already answer SMInfo as STANDBY and write nothing: an SM's discovery reaches our port within
+        milliseconds of its IsSM, often before its answer reaches us; a lower SM seeing us in standby
+        for that moment stands by anyway (we rank above it), and we are master again at once."""
         if self.state != SmState.MASTER or not 0 < lid < 0xC000 or lid == self.own_lid():
             return
-        mad = smp_lid(Method.GET, SmpAttr.SM_INFO, 0, 0)
+        if is_sm:
+            self.expect_sm()
         try:
-            ans = parse_mad(await self.transport.send(mad, lid, timeout=0.05, retries=1))
-            info = SM_INFO.unpack(ans.data)
-            state = SmState(int(info["SMState"]))
-        except (IbfmError, MadError, ValueError):
-            return
-        if ans.status or state == SmState.NOT_ACTIVE:
-            return
-        peer = PeerSm(int(info["GUID"]), int(info["Priority"]), state, int(info["ActCount"]), 0, lid, lid)
-        if state != SmState.MASTER and peer.rank() > _rank(self.priority, self.guid) and self.state == SmState.MASTER:
-            self.peers[peer.guid] = peer
-            await self._hand_over(peer)
+            mad = smp_lid(Method.GET, SmpAttr.SM_INFO, 0, 0)
+            try:
+                ans = parse_mad(await self.transport.send(mad, lid, timeout=0.05, retries=1))
+                info = SM_INFO.unpack(ans.data)
+                state = SmState(int(info["SMState"]))
+            except (IbfmError, MadError, ValueError):
+                return
+            if ans.status or state == SmState.NOT_ACTIVE:
+                return
+            peer = PeerSm(int(info["GUID"]), int(info["Priority"]), state, int(info["ActCount"]), 0, lid, lid)
+            self.peers[peer.guid] = peer  # known from now on: its polls hear the truth
+            better = peer.rank() > _rank(self.priority, self.guid)
+            if state != SmState.MASTER and better and self.state == SmState.MASTER:
+                await self._hand_over(peer)
+        finally:
+            self._provisional_until = 0.0
 
     def took_first_sweep(self) -> bool:
         """Whether the sweep about to program is this master's first (and clear it)."""

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy.ma  # noqa: F401 - np.unique imports it on first use (9 ms): at start, not mid-sweep
 
 from fabric.errors import IbfmError
-from fabric.mad import Method, MgmtClass, SmpAttr, SmState, notice_unpack, parse_mad, trap_repress
+from fabric.mad import Method, MgmtClass, PortCap, SmpAttr, SmState, notice_unpack, parse_mad, trap_repress
 from fabric.model import Fabric, NodeType
 from sm.analysis.creditflow import CreditLoop, find_credit_loops
 from sm.analysis.verify import VerifyReport, verify_routes
@@ -205,8 +205,10 @@ class FabricManager:
             lid=self._own_lid,
             on_change=self._role_changed,
             request_sweep=lambda reason, heavy: self.request_sweep(reason, heavy=heavy),
+            locate=self._dr_sender,
         )
         """SMInfo and the election: whether this SM may write to the fabric."""
+        transport.trap_peek = self._peek_trap
         self.held: HeldLfts = {}
         self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
@@ -295,11 +297,39 @@ class FabricManager:
             if self._take_traps(burst):  # garbage from a hostile or broken host sweeps nothing
                 self.request_sweep("trap")
 
+    def _dr_sender(self, mad: bytes) -> tuple[int, int] | None:
+        """(port GUID, LID) of the port that sent directed-route SMP ``mad`` to us, followed back along its
+        ReturnPath over the snapshot's cables; None when the model does not lead there."""
+        snap = self.snapshot
+        if snap is None or len(mad) < 256:
+            return None
+        f, d = snap.fabric, snap.discovery
+        hops = mad[7]
+        if not 0 < hops <= 63:
+            return None
+        node, port = d.sm_node, 0
+        for k in range(hops, 0, -1):  # ReturnPath[k]: where the SMP entered node k (we are node hops)
+            out = mad[192 + k]
+            if not 0 < out <= int(f.nports[node]) or f.peer_node[node, out] < 0:
+                return None
+            node, port = int(f.peer_node[node, out]), int(f.peer_port[node, out])
+        return int(f.port_guid[node, port]), int(snap.lids.base[node, port])
+
+    def _peek_trap(self, trap: bytes) -> None:
+        """Where a trap arrives (any thread): Trap 144 with IsSM from another port makes a master answer
+        STANDBY at once, before that SM's discovery asks us (milliseconds later)."""
+        if len(trap) >= 84 and trap[1] == MgmtClass.SUBN_LID and trap[68:70] == _TRAP_144:
+            caps = int.from_bytes(trap[80:84], "big")
+            issuer = int.from_bytes(trap[70:72], "big")
+            if caps & PortCap.IS_SM and issuer != self.elector.own_lid():
+                self.elector.expect_sm()
+
     async def _sm_trap(self, trap: bytes) -> None:
         """Trap 144 from a port other than ours: an SM may have come up there; the election asks it now."""
-        if len(trap) >= 70 and trap[1] == MgmtClass.SUBN_LID and trap[68:70] == _TRAP_144:
+        if len(trap) >= 84 and trap[1] == MgmtClass.SUBN_LID and trap[68:70] == _TRAP_144:
             issuer = int.from_bytes(trap[70:72], "big")
-            await self.elector.consider(issuer)
+            caps = int.from_bytes(trap[80:84], "big")  # Trap 144's NewCapabilityMask (DataDetails 6..9)
+            await self.elector.consider(issuer, is_sm=bool(caps & PortCap.IS_SM))
 
     def _take_traps(self, traps: list[bytes]) -> int:
         """Answer each trap with a TrapRepress to its issuer and remember who sent it; how many were traps.

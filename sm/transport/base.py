@@ -51,6 +51,7 @@ _ATTR_NOTICE = b"\x00\x02"
 _ANSWER_METHOD = {0x01: 0x81, 0x02: 0x81, 0x06: 0x86, 0x12: 0x92, 0x13: 0x93, 0x14: 0x94, 0x15: 0x95}
 """Request method -> the method of its answer: Get and Set -> GetResp, Send, GetTable, GetTraceTable,
 GetMulti, Delete -> their responses (IBA 13.4.5). Other requests (Trap, Report, TrapRepress) get none."""
+_DR_D_BIT = 0x8000
 STATUS_BUSY = 0x0001
 MAX_BACKLOG = 4096
 """Requests waiting for the SM's services (SA, SMInfo) beyond which new ones are answered BUSY."""
@@ -69,21 +70,29 @@ def is_trap(mad: bytes) -> bool:
 
 
 def refusal(mad: bytes, *, class_version: int | None = None, busy: bool = False) -> bytes | None:
-    """The 256-byte answer that refuses request ``mad``, or None when it wants no answer.
+    """The answer that refuses request ``mad``, or None when it wants no answer.
 
-    As the kernel's MAD layer answers a request no agent takes: the
-    request's header with the response method and status "unsupported
+    As the kernel's MAD layer (or a device) answers a request no agent takes:
+    the request's header with the response method and status "unsupported
     method/attribute", or "bad version" when ``class_version`` is given and
-    differs. Directed-route SMPs get none: their answer needs the return
-    path, which only the agent of that class builds.
+    differs; with ``busy`` the status is BUSY. A directed-route SMP (Get or
+    Set, whole) is answered as OpenSM's responder answers one: the whole SMP
+    back with GetResp and the D bit, its hop pointer and paths as they came
+    (the SMI below takes it back along its return path); a requester on
+    ibsim, where a lost MAD never times out, would otherwise wait for ever.
     """
-    if len(mad) < MAD_HEADER_SIZE or mad[3] & _RESPONSE_BIT or mad[1] == 0x81:
+    if len(mad) < MAD_HEADER_SIZE or mad[3] & _RESPONSE_BIT:
         return None
     method = _ANSWER_METHOD.get(mad[3])
     if method is None:
         return None
     bad_version = mad[0] != 1 or (class_version is not None and mad[2] != class_version)
     status = STATUS_BAD_VERSION if bad_version else STATUS_BUSY if busy else STATUS_UNSUPPORTED_METHOD_ATTR
+    if mad[1] == 0x81:
+        if len(mad) != MAD_SIZE or mad[3] not in (0x01, 0x02):
+            return None
+        word = _DR_D_BIT | status
+        return bytes((mad[0], mad[1], mad[2], method)) + word.to_bytes(2, "big") + mad[6:]
     head = bytes((mad[0], mad[1], mad[2], method)) + status.to_bytes(2, "big") + mad[6:MAD_HEADER_SIZE]
     return head.ljust(MAD_SIZE, b"\0")
 
@@ -222,6 +231,9 @@ class WindowedTransport(ABC):
         self._batches: set[_Batch] = set()
         self._responder: Responder | None = None
         self._inline: Responder | None = None
+        self.trap_peek: Callable[[bytes], None] | None = None
+        """Sees every trap where it arrives (the receive thread for umad) before it is queued: what must
+        react within milliseconds (an SM announcing itself) cannot wait for the event loop."""
         self._backlog = 0
         """Requests handed to the event loop for the services and not yet taken (umad's receive thread)."""
         self._streams: dict[int, Callable[[bytes], None]] = {}
@@ -339,7 +351,16 @@ class WindowedTransport(ABC):
 
     def _unsolicited(self, mad: bytes) -> None:
         self.stats.unsolicited += 1
+        self._peek(mad)
         self._traps.put_nowait(mad)
+
+    def _peek(self, mad: bytes) -> None:
+        peek = self.trap_peek
+        if peek is not None:
+            try:
+                peek(mad)
+            except Exception:  # a bug there must not lose the trap
+                log.exception("trap peek failed")
 
     def _expire_due(self, now: float) -> float | None:
         """Retry or fail every attempt whose deadline is past; returns the next deadline (None: nothing out).

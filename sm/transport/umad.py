@@ -45,6 +45,7 @@ import ctypes.util
 import errno
 import logging
 import os
+import struct
 import sys
 import threading
 import time
@@ -126,6 +127,12 @@ class _MadAddr(ctypes.Structure):
         ("pkey_index", ctypes.c_uint16),
         ("reserved", ctypes.c_uint8 * 6),
     ]
+
+
+_ADDR_OFFSET = 20
+"""Offset of ``addr`` in ``struct ib_user_mad`` (agent_id, status, timeout_ms, retries, length before it)."""
+_ADDR_HEAD = struct.Struct(">IIHB")
+_PKEY_INDEX = _ADDR_OFFSET + _MadAddr.pkey_index.offset
 
 
 class _UmadPort(ctypes.Structure):
@@ -429,6 +436,8 @@ class UmadTransport(WindowedTransport):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._send_buf: ctypes.Array[ctypes.c_char] | None = None
+        self._long_buf: ctypes.Array[ctypes.c_char] | None = None
+        """The buffer answers of other lengths than a MAD go out from (reused; with the engine lock held)."""
         self._send_view: memoryview | None = None
         self._send_addr: tuple[int, int, int] | None = None
         self._hdr_size = _USER_MAD_HDR
@@ -797,9 +806,11 @@ class UmadTransport(WindowedTransport):
                 log.exception("umad answer on %s/%s not delivered", self.ca_name, self.port_num)
             return True
         assert self._lib is not None and self._loop is not None
-        a = self._lib.umad_get_mad_addr(buf).contents
-        src = MadAddress(_be16(a.lid), _be32(a.qpn), _be32(a.qkey), a.sl, a.pkey_index)
+        # struct ib_user_mad's addr (struct ib_mad_addr) read in place: QPN, Q_Key, LID in network order.
+        qpn, qkey, lid, sl = _ADDR_HEAD.unpack_from(view, _ADDR_OFFSET)
+        src = MadAddress(lid, qpn, qkey, sl, int.from_bytes(view[_PKEY_INDEX : _PKEY_INDEX + 2], sys.byteorder))
         if is_trap(mad):
+            self._peek(mad)  # here, on this thread: an SM announcing itself cannot wait for the loop
             try:
                 self._loop.call_soon_threadsafe(self._deliver_trap, mad, src)
             except RuntimeError:  # loop closed underneath us
@@ -836,12 +847,17 @@ class UmadTransport(WindowedTransport):
         """Answer BUSY to a request our services have no room for (receive thread), counted."""
         self.stats.busy += 1
         answer = refusal(mad, busy=True)
-        if answer is None or not src.lid or src.lid >= PERMISSIVE_LID:
+        if answer is None:
             return
         agent = self._agents.get(answer[1])
         if agent is None:
             return
-        addr = (src.lid, 0, 0) if answer[1] == MGMT_CLASS_SUBN_LID else (src.lid, src.qpn or 1, GSI_QKEY)
+        if answer[1] == MGMT_CLASS_SUBN_DR:
+            addr = _DR_ADDR
+        elif not src.lid or src.lid >= PERMISSIVE_LID:
+            return
+        else:
+            addr = (src.lid, 0, 0) if answer[1] == MGMT_CLASS_SUBN_LID else (src.lid, src.qpn or 1, GSI_QKEY)
         try:
             with self._lock:
                 self._send_to(answer, addr, agent)
@@ -882,7 +898,9 @@ class UmadTransport(WindowedTransport):
         if n > MAX_RMPP_BYTES:
             raise ValueError(f"answer of {n} bytes; at most {MAX_RMPP_BYTES}")
         hs = self._hdr_size
-        buf = ctypes.create_string_buffer(hs + n)
+        buf = self._long_buf
+        if buf is None or len(buf) < hs + n:
+            buf = self._long_buf = ctypes.create_string_buffer(hs + max(n, 4096))
         lib.umad_set_addr(buf, addr[0], addr[1], 0, addr[2])
         ctypes.memmove(ctypes.addressof(buf) + hs, mad, n)
         rc = self._umad_send(self._portid, agent, buf, n, 0, 0)
@@ -903,9 +921,13 @@ class UmadTransport(WindowedTransport):
             return
         self._refusal_tokens -= 1.0
         answer = refusal(mad)
-        if answer is None or not src.lid or src.lid >= PERMISSIVE_LID:
+        if answer is None:
             return
-        if answer[1] == MGMT_CLASS_SUBN_LID:
+        if answer[1] == MGMT_CLASS_SUBN_DR:  # back along its return path
+            addr, agent = _DR_ADDR, self._agents.get(MGMT_CLASS_SUBN_DR)
+        elif not src.lid or src.lid >= PERMISSIVE_LID:
+            return
+        elif answer[1] == MGMT_CLASS_SUBN_LID:
             addr, agent = (src.lid, 0, 0), self._agents.get(MGMT_CLASS_SUBN_LID)
         else:  # a GMP: answered from QP1, through the GSI agent we have
             addr, agent = (src.lid, src.qpn or 1, GSI_QKEY), self._agents.get(MGMT_CLASS_PERF)
