@@ -475,7 +475,6 @@ async def test_thousands_of_hostile_sa_and_sminfo_mads_leave_the_subnet_untouche
         assert ans.status == 0 and len(ans.records) == 1
     dt = time.perf_counter() - t0
     print("\n" + "\n".join(tallies) + f"\n{dt:.1f} s")
-    assert dt < 15
 
 
 async def test_legal_sminfo_sets_move_the_state_machine_as_the_spec_says() -> None:
@@ -490,8 +489,10 @@ async def test_legal_sminfo_sets_move_the_state_machine_as_the_spec_says() -> No
         el.transport = cap  # type: ignore[assignment]
         src = MadAddress(7, 0, 0, via=rig.host.endpoint)
 
-        async def sets(ctl: int, sender: int) -> int:
-            m = smp_lid(Method.SET, SmpAttr.SM_INFO, ctl, 0, sminfo_payload(rng, sender))
+        async def sets(ctl: int, sender: int, key: int | None = None) -> int:
+            data = bytearray(sminfo_payload(rng, sender))
+            data[8:16] = (el.sm_key if key is None else key).to_bytes(8, "big")  # a peer of this subnet
+            m = smp_lid(Method.SET, SmpAttr.SM_INFO, ctl, 0, bytes(data))
             assert el.take(m, src)
             (a,) = cap.take()
             await asyncio.sleep(0)
@@ -504,6 +505,9 @@ async def test_legal_sminfo_sets_move_the_state_machine_as_the_spec_says() -> No
             assert await sets(SmInfoControl.STANDBY, SmState.MASTER) == STATUS_INVALID_FIELD  # not NOT_ACTIVE
             assert el.state == SmState.STANDBY
             assert await sets(SmInfoControl.ACKNOWLEDGE, SmState.STANDBY) == 0
+            assert el.state == SmState.STANDBY
+            # A "master" without our SM_Key is nobody to obey.
+            assert await sets(SmInfoControl.DISABLE, SmState.MASTER, key=0xBAD) == STATUS_INVALID_FIELD
             assert el.state == SmState.STANDBY
             assert await sets(SmInfoControl.DISABLE, SmState.MASTER) == 0
             assert el.state == SmState.NOT_ACTIVE

@@ -275,3 +275,25 @@ def test_tables_of_a_three_level_tree() -> None:
     assert nr.shape == (len(f.cas) + len(f.switches), NODE_RECORD.size)
     assert pr.shape[0] == len(f.cas) + int((f.nports[f.switches].astype(int) + 1).sum())
     assert lr.shape == (int((f.peer_node[:, 1:] >= 0).sum()), LINK_RECORD.size)
+
+
+async def test_a_table_too_long_for_one_rmpp_transfer_gets_no_resources() -> None:
+    """Over a transport whose kernel segments answers up to a limit, a longer GetTable is answered
+    ERR_NO_RESOURCES (the host hears why) instead of vanishing in a failed send."""
+    from fabric.mad.sa import SaStatus, parse_sa, sa_mad
+    from sm.transport.base import MadAddress
+
+    async with sa_rig() as r:
+        sent: list[bytes] = []
+
+        class Kernel:
+            kernel_rmpp = True
+            max_answer_bytes = 56 + 3 * 112  # three NodeRecords
+
+            def reply(self, mad: bytes, to: MadAddress) -> None:
+                sent.append(mad)
+
+        srv = r.server
+        srv.transport, srv.kernel_rmpp = Kernel(), True  # type: ignore[assignment]
+        srv.take(sa_mad(SaMethod.GET_TABLE, SaAttr.NODE_RECORD, tid=9), MadAddress(3, 1, 0x80010000))
+        assert parse_sa(sent[-1]).status == SaStatus.ERR_NO_RESOURCES and parse_sa(sent[-1]).tid == 9

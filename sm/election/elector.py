@@ -62,6 +62,8 @@ DR_D_BIT = 0x8000
 STATUS_INVALID_FIELD = 0x001C
 PROVISIONAL_S = 1.0
 """Longest a master answers STANDBY while it asks a newly announced SM's SMInfo."""
+PROVISIONAL_EVERY_S = 5.0
+"""Least time between two such windows."""
 SM_PRIORITY_CHANGE = 0x0008
 """Trap 144 ChangeFlags bit: the SM priority changed (what a better standby tells a lower master)."""
 
@@ -171,6 +173,7 @@ class Elector:
         self._locate = locate
         """Directed-route SMP as it arrived -> (port GUID, LID) of the port that sent it (from the snapshot)."""
         self._asked: dict[int, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self.state = SmState.DISCOVERING
         self.master: PeerSm | None = None
         """The master when it is another SM (STANDBY, or a MASTER waiting for a handover)."""
@@ -192,6 +195,7 @@ class Elector:
         self._seen_lid = 0
         self._provisional_until = 0.0
         """Until then a master waiting for a newly announced SM's SMInfo answers STANDBY (``consider``)."""
+        self._provisional_next = 0.0
         """Our port's LID as the last discovery read it (a standby has no snapshot of its own)."""
 
     # -- state ----------------------------------------------------------------------
@@ -304,9 +308,13 @@ class Elector:
         now = time.monotonic()
         if now < self._asked.get(guid, 0.0):
             return
+        if len(self._asked) > 4096:  # a hostile host sending from many ports must not grow it for ever
+            self._asked = {g: t for g, t in self._asked.items() if t > now}
         self._asked[guid] = now + 1.0
         self.expect_sm()
-        asyncio.get_running_loop().create_task(self.consider(lid))
+        task = asyncio.get_running_loop().create_task(self.consider(lid))
+        self._tasks.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(self._tasks.discard)
 
     def _answer(self, req: bytes, src: MadAddress, status: int) -> None:
         buf = bytearray(req[:256].ljust(256, b"\0"))
@@ -328,6 +336,11 @@ class Elector:
             self.sets_refused += 1
             return STATUS_INVALID_FIELD
         sender_state = int(theirs["SMState"])
+        if self.sm_key and int(theirs["SM_Key"]) != self.sm_key:
+            # Only an SM of this subnet (one with our SM_Key, as OpenSM's default 1) may tell us what to be.
+            self.sets_refused += 1
+            log.info("SMInfo Set %s from %#018x with another SM_Key refused", ctl.name, int(theirs["GUID"]))
+            return STATUS_INVALID_FIELD
         if sender_state != _LEGAL_SENDER[ctl] or self.state not in _LEGAL_FOR[ctl]:
             self.sets_refused += 1
             log.info("SMInfo Set %s from %#018x refused in state %s", ctl.name, int(theirs["GUID"]), self.state.name)
@@ -521,9 +534,13 @@ class Elector:
 
     def expect_sm(self) -> None:
         """An SM's IsSM just came up (Trap 144, seen where it arrives, even on the transport's thread):
-        a master answers SMInfo as STANDBY for at most PROVISIONAL_S, until ``consider`` knows more."""
-        if self.state == SmState.MASTER:
-            self._provisional_until = time.monotonic() + PROVISIONAL_S
+        a master answers SMInfo as STANDBY for at most PROVISIONAL_S, until ``consider`` knows more.
+        A window is never extended, and a new one opens at most every PROVISIONAL_EVERY_S: a host
+        sending Trap 144 or SMInfo Gets in a loop cannot keep the master from mastering."""
+        now = time.monotonic()
+        if self.state == SmState.MASTER and now >= self._provisional_next:
+            self._provisional_until = now + PROVISIONAL_S
+            self._provisional_next = now + PROVISIONAL_EVERY_S
 
     async def consider(self, lid: int, *, is_sm: bool = True) -> None:
         """Trap 144 from ``lid``: an SM may have come up there (or changed priority). A master asks it
@@ -533,6 +550,7 @@ class Elector:
         milliseconds of its IsSM, often before its answer reaches us; a lower SM seeing us in standby
         for that moment stands by anyway (we rank above it), and we are master again at once."""
         if self.state != SmState.MASTER or not 0 < lid < 0xC000 or lid == self.own_lid():
+            self._provisional_until = 0.0  # (a window the trap's peek opened)
             return
         if is_sm:
             self.expect_sm()

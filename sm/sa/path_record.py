@@ -446,6 +446,10 @@ class PathRecordFamily:
             b = ctx.cache["pr:base"] = _base(ctx.snapshot)
         return b  # type: ignore[no-any-return]
 
+    def warm(self, cache: dict[str, object]) -> bool:
+        """Whether this snapshot's path arrays are built (a Get then traces at most one destination)."""
+        return "pr:base" in cache
+
     def query(self, ctx: SaContext, req: SaRequest) -> Rows:
         mask = req.mask
         d = req.mad.data[:64].ljust(64, b"\0")

@@ -192,10 +192,10 @@ class SaServer:
         self.sm_key = sm_key
         self.sm = sm
         self.stats = SaStats()
-        self._cache: dict[str, Any] = {}
-        self._cache_of: object = None
+        self._cached: tuple[Any, dict[str, Any]] = (None, {})
+        """(snapshot, the tables the families built for it)."""
         self._out: dict[tuple[int, int, int], _Outgoing] = {}
-        self.kernel_rmpp = transport.kernel_rmpp
+        self.kernel_rmpp = bool(getattr(transport, "kernel_rmpp", False))
 
     # -- entry ----------------------------------------------------------------------
 
@@ -217,12 +217,16 @@ class SaServer:
         # A table not built yet for this snapshot is built on the event loop (a second of numpy on a
         # large fabric must not hold up the answers to the sweep's SMPs on this thread).
         warm = getattr(family, "warm", None)
-        if self._snapshot() is not self._cache_of or (warm is not None and not warm(self._cache)):
+        snap, cache = self._cached
+        if snap is None or snap is not self._snapshot() or warm is None or not warm(cache):
             return False
-        return self.take(raw, src)
+        return self.take(raw, src, snap=snap)
 
-    def take(self, raw: bytes, src: MadAddress) -> bool:
-        """The transport's service hook for class 0x03: always takes the MAD (answers or counts it)."""
+    def take(self, raw: bytes, src: MadAddress, *, snap: Any = None) -> bool:
+        """The transport's service hook for class 0x03: always takes the MAD (answers or counts it).
+
+        ``snap``: the snapshot to answer from (the inline path's, checked warm); default the current one.
+        """
         st = self.stats
         st.received += 1
         if len(raw) < SA_DATA_OFFSET or raw[1] != SA_CLASS:
@@ -252,15 +256,18 @@ class SaServer:
         if family is None or mad.method not in family.methods:
             self._error(mad, src, SaStatus.METHOD_ATTR_UNSUPPORTED)
             return True
-        snap = self._snapshot()
+        if snap is None:
+            snap = self._snapshot()
         if snap is None or not self._ready():
             st.busy += 1
             self._error(mad, src, SaStatus.BUSY)
             return True
-        if snap is not self._cache_of:
-            self._cache = {}
-            self._cache_of = snap
-        ctx = SaContext(snap, self.store, time.monotonic(), self._cache, self.sm)
+        # The snapshot and its tables as one pair, swapped in one assignment: the receive thread and
+        # the event loop may both be here, and neither may fill one snapshot's tables into another's.
+        cached = self._cached
+        if cached[0] is not snap:
+            cached = self._cached = (snap, {})
+        ctx = SaContext(snap, self.store, time.monotonic(), cached[1], self.sm)
         req = SaRequest(mad, src, trusted=self.sm_key != 0 and mad.sm_key == self.sm_key)
         try:
             rows = family.query(ctx, req)
@@ -315,6 +322,11 @@ class SaServer:
             # ClassPortInfo goes whole). A GetResp to a Get has no RMPP.
             one = bytes(head) + payload[: 256 - SA_DATA_OFFSET]
             self._send(one.ljust(256, b"\0") if family.attr == SaAttr.CLASS_PORT_INFO else one, src, 0)
+            return
+        limit = getattr(self.transport, "max_answer_bytes", None)
+        if limit is not None and SA_DATA_OFFSET + len(payload) > limit:
+            st.records -= n
+            self._error(mad, src, SaStatus.ERR_NO_RESOURCES)  # too big for one RMPP transfer
             return
         if self.kernel_rmpp:
             # Header + every record in one buffer, RMPP flags ACTIVE (version and type 0, as OpenSM

@@ -321,7 +321,7 @@ class FabricManager:
         if len(trap) >= 84 and trap[1] == MgmtClass.SUBN_LID and trap[68:70] == _TRAP_144:
             caps = int.from_bytes(trap[80:84], "big")
             issuer = int.from_bytes(trap[70:72], "big")
-            if caps & PortCap.IS_SM and issuer != self.elector.own_lid():
+            if caps & PortCap.IS_SM and 0 < issuer < 0xC000 and issuer != self.elector.own_lid():
                 self.elector.expect_sm()
 
     async def _sm_trap(self, trap: bytes) -> None:
@@ -586,9 +586,15 @@ class FabricManager:
             return routed.lft
 
         what = f"sweep {sweep_no}: routing and checks"
+        def still_master() -> None:
+            # A better SM may have appeared while this sweep ran (we stood down for it): stop writing.
+            if not el.may_write:
+                raise StandingBy(f"sweep {sweep_no}: stood down during the sweep; nothing more written")
+
         async with Offload(compute, what=what, fork=cfg.offload, urgent=1) as off:  # the LFT is urgent
             # In a thread of this process (no fork), routing beside SMPs in flight would stall them.
             lft: Lft | Awaitable[Lft] = routed_lft() if off.forked else await routed_lft()
+            still_master()
             with stage("program"):
                 prog = await program_fabric(
                     self.transport,
@@ -607,6 +613,7 @@ class FabricManager:
             report: VerifyReport = await result("verify")
             loops: list[CreditLoop] = await result("credit_loops") if check_loops else []
         assert routed is not None
+        still_master()
         self.sweeps += 1
         snap = SubnetSnapshot(
             sweep=self.sweeps,

@@ -205,6 +205,8 @@ class WindowedTransport(ABC):
 
     _THREADED: ClassVar[bool] = False
     """Replies are delivered on another thread than the event loop's."""
+    max_answer_bytes: ClassVar[int | None] = None
+    """Longest answer ``reply`` can send (None: no limit of the transport's own)."""
     kernel_rmpp: ClassVar[bool] = False
     """An answer longer than a MAD handed to ``reply`` whole is cut into RMPP segments below us (the
     kernel's MAD layer); otherwise the SA runs the RMPP sender itself."""

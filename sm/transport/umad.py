@@ -409,6 +409,7 @@ class UmadTransport(WindowedTransport):
 
     _THREADED = True
     kernel_rmpp = True
+    max_answer_bytes = 256 * 1024
 
     def __init__(
         self,
