@@ -181,3 +181,30 @@ async def test_a_sweep_beside_a_better_master_writes_nothing() -> None:
     assert el.state == SmState.STANDBY and el.master is not None
     assert el.master.guid == int(f.port_guid[other, 1]) and mgr.snapshot is None
     await t.close()
+
+
+async def test_a_master_waiting_for_a_handover_stands_by_when_the_other_master_ranks_above_it() -> None:
+    """Two masters: we rank above the other, so we wait for its handover writing nothing; its priority
+    rises above ours: at the next poll we stand by (instead of waiting for ever)."""
+    import pytest
+
+    from sm.sweep.manager import StandingBy
+
+    f = fattree(2, 4)
+    emu = EmulatedFabric(f)
+    t = EmulatedTransport(emu, issm=True)
+    mgr = FabricManager(t, SmConfig(offload=False, check_credit_loops=False, sm_priority=5, sm_poll_retries=0))
+    assert (await mgr.heavy_sweep()).up  # master alone
+    other = int(f.cas[2])
+    rec = emu.set_sm(other, 1, priority=1, state=SmState.MASTER)  # a second master appears, below us
+    with pytest.raises(StandingBy):
+        await mgr.heavy_sweep()
+    el = mgr.elector
+    assert el.state == SmState.MASTER and el.waiting_handover and not el.may_write
+    assert await el.poll() is False and el.state == SmState.MASTER  # still waiting: it ranks below us
+    rec.priority = 9
+    emu._forget_port_info(other, 1)
+    assert await el.poll() is False
+    assert el.state == SmState.STANDBY and not el.waiting_handover and el.master is not None
+    assert el.master.guid == int(f.port_guid[other, 1])
+    await t.close()

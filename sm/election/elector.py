@@ -620,6 +620,9 @@ class Elector:
             return True
         if _rank(self.priority, self.guid) > _rank(info.get("Priority", 0), master.guid):
             self._remind(master)
+        elif self.waiting_handover:
+            # The other master now ranks above us (its priority rose): it keeps the subnet, we stand by.
+            self._set(SmState.STANDBY, f"master {master.guid:#018x} now ranks above us", master=master)
         return False
 
     def _remind(self, master: PeerSm) -> None:
