@@ -56,6 +56,7 @@ from fabric.mad.sa import SaAttr, SaMethod, component_mask, sa_mad
 from sm.sa.client import sa_query
 from sm.sa.families import all_families
 from sm.sa.server import SaServer
+from sm.sa.services import serve_port
 from sm.sa.store import SaStore
 from sm.sweep.manager import FabricManager, SmConfig
 from sm.transport.base import MadAddress
@@ -180,14 +181,7 @@ async def run(args: Any) -> None:
         rows.append(("NodeRecord GetTable all", "skipped", "no NodeRecord family"))
 
     # over the emulated transport: a host asks the SA on the SM's port
-    sa = SaServer(sm, all_families(), lambda: mgr.snapshot, store=SaStore(), sm=mgr.elector)
-
-    def dispatch(mad: bytes, a: MadAddress) -> bool:
-        if mad[1] == 0x03:
-            return sa.take(mad, a)
-        return mgr.elector.take(mad, a)
-
-    sm.serve(dispatch)
+    sa = serve_port(sm, mgr).sa
     host = EmulatedTransport(emu, endpoint=emu.attach(int(f.cas[-1]), 1), timeout=1.0, retries=2)
     try:
         for window in (1, 4, 16):

@@ -40,17 +40,13 @@ from exporters.http.common import ApiConfig
 from exporters.http.state import prepare_view
 from fabric.emulator import EmulatedFabric
 from fabric.errors import IbfmError
-from fabric.mad.sa import SA_CLASS
 from fabric.model import Fabric
 from fabric.traffic import XMIT_WAIT_TICK_HZ, PredictedTraffic, TrafficClock
 from ibfm.settings import Settings
-from sm.sa.families import all_families
-from sm.sa.inform_info import Reporter
-from sm.sa.server import SaServer
-from sm.sa.store import SaStore
+from sm.sa.services import serve_port
 from sm.sweep.events import EventBus, SweepDone, SweepFailed, _Event
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
-from sm.transport.base import MadAddress, WindowedTransport
+from sm.transport.base import WindowedTransport
 
 log = logging.getLogger("ibfm.service")
 
@@ -142,20 +138,9 @@ class Service:
         self.transport: WindowedTransport = self._open_transport()
         self.events = EventBus()
         self.manager = FabricManager(self.transport, sm_config(settings), self.events)
-        store = SaStore()
-        self.sa = SaServer(
-            self.transport,
-            all_families(),
-            lambda: self.manager.snapshot,
-            store=store,
-            sm_key=settings.sm.sm_key,
-            ready=lambda: self.manager.elector.is_master,
-            sm=self.manager.elector,
-        )
-        self.transport.serve(self._serve, inline=self.sa.take_inline)
-        # InformInfo subscribers hear of ports and links coming and going (traps 64, 65, 128).
-        self.reporter = Reporter(store, self.transport, lambda: self.manager.snapshot)
-        self.events.subscribe(self.reporter.on_event)
+        # SMInfo for the election, the SA while master, Reports to its subscribers.
+        self.services = serve_port(self.transport, self.manager)
+        self.sa = self.services.sa
         self.perfmgr: Any = None
         self.sweep_stats: Any = None
         self.metrics: Any = None
@@ -199,12 +184,6 @@ class Service:
         self.emulator = EmulatedFabric(fabric, traffic=self.traffic)
         self._emu_clock = TrafficClock(self.emulator)
         return EmulatedTransport(self.emulator, issm=True)
-
-    def _serve(self, mad: bytes, src: MadAddress) -> bool:
-        """Requests that reach our port: SA queries to the SA, SMInfo to the election."""
-        if mad[1] == SA_CLASS:
-            return self.sa.take(mad, src)
-        return self.manager.elector.take(mad, src)
 
     def _wire_exporters(self) -> None:
         """PerfManager and the Prometheus renderer, where those modules are present."""
@@ -322,8 +301,7 @@ class Service:
         try:
             yield
         finally:
-            self.reporter.close()
-            self.sa.close()
+            self.services.close()
             await self.transport.close()
 
     async def _sweep_ctx(self, app: web.Application) -> AsyncIterator[None]:

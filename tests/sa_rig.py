@@ -10,11 +10,9 @@ from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.model import Fabric
 from sm.sa.client import SaAnswer, sa_query
-from sm.sa.families import all_families
 from sm.sa.server import SaServer
-from sm.sa.store import SaStore
+from sm.sa.services import SmServices, serve_port
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
-from sm.transport.base import MadAddress
 from sm.transport.emulated import EmulatedTransport
 
 
@@ -26,6 +24,7 @@ class SaRig:
     manager: FabricManager
     server: SaServer
     snap: SubnetSnapshot
+    services: SmServices
 
     @property
     def sa_lid(self) -> int:
@@ -44,22 +43,15 @@ async def sa_rig(
     f = fabric if fabric is not None else fattree(2, 4)
     emu = EmulatedFabric(f)
     sm = EmulatedTransport(emu, issm=True)
-    mgr = FabricManager(sm, SmConfig(offload=False, check_credit_loops=False))
+    mgr = FabricManager(sm, SmConfig(offload=False, check_credit_loops=False, sm_key=sm_key))
     snap = await mgr.heavy_sweep()
-    store = SaStore()
-    server = SaServer(sm, all_families(), lambda: mgr.snapshot, store=store, sm_key=sm_key, sm=mgr.elector)
-
-    def dispatch(mad: bytes, src: MadAddress) -> bool:
-        if mad[1] == 0x03:
-            return server.take(mad, src)
-        return mgr.elector.take(mad, src)
-
-    sm.serve(dispatch)
+    services = serve_port(sm, mgr)
+    server = services.sa
     node = host_node if host_node is not None else int(f.cas[-1])
     host = EmulatedTransport(emu, endpoint=emu.attach(node, 1), timeout=0.2, retries=2)
     try:
-        yield SaRig(emu, sm, host, mgr, server, snap)
+        yield SaRig(emu, sm, host, mgr, server, snap, services)
     finally:
-        server.close()
+        services.close()
         await host.close()
         await sm.close()

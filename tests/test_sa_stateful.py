@@ -247,8 +247,8 @@ async def test_inform_info_reports() -> None:
     async with sa_rig() as r:
         f = r.emu.fabric
         cas = [int(c) for c in f.cas]
-        rep = Reporter(r.server.store, r.sm, lambda: r.manager.snapshot, timeout=0.2, retries=1)
-        r.manager.events.subscribe(rep.on_event)
+        rep = r.services.reporter  # the rig's, subscribed to the manager's events
+        rep.timeout, rep.retries = 0.2, 1
         async with listener(r, cas[-2]) as (t, got):
             ans = await sa_query(t, r.sa_lid, SET, SaAttr.INFORM_INFO, data=inform(1))
             assert ans.status == 0 and ans.method == SaMethod.GET_RESP
@@ -297,8 +297,8 @@ async def test_inform_info_trap_filter_and_unanswered() -> None:
     async with sa_rig() as r:
         f = r.emu.fabric
         cas = [int(c) for c in f.cas]
-        rep = Reporter(r.server.store, r.sm, lambda: r.manager.snapshot, timeout=0.05, retries=1)
-        r.manager.events.subscribe(rep.on_event)
+        rep = r.services.reporter  # the rig's, subscribed to the manager's events
+        rep.timeout, rep.retries = 0.05, 1
         # The rig's host subscribes to trap 64 only, but answers no Report.
         ans = await r.ask(SET, SaAttr.INFORM_INFO, data=inform(1, trap=64))
         assert ans.status == 0

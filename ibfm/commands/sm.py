@@ -13,6 +13,7 @@ from fabric.errors import IbfmError
 from ibfm.commands._args import DEFAULT_CHAIN, engine_chain, number_in
 from sm.analysis.dump import format_lfts
 from sm.analysis.query import describe_route, format_route
+from sm.sa.services import serve_port
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.base import TransportStats, WindowedTransport
 
@@ -111,42 +112,13 @@ def open_transport(args: argparse.Namespace) -> WindowedTransport:
     return EmulatedTransport(EmulatedFabric(read_net(args.topology)), issm=True)
 
 
-def serve_sm(transport: WindowedTransport, manager: FabricManager) -> None:
-    """Answer what peers and hosts ask our port: SMInfo (election) and the SA (while master)."""
-    from fabric.mad.sa import SA_CLASS
-    from sm.sa.families import all_families
-    from sm.sa.inform_info import Reporter
-    from sm.sa.server import SaServer
-    from sm.sa.store import SaStore
-    from sm.transport.base import MadAddress
-
-    el = manager.elector
-    store = SaStore()
-    sa = SaServer(
-        transport,
-        all_families(),
-        lambda: manager.snapshot,
-        store=store,
-        sm_key=manager.config.sm_key,
-        ready=lambda: el.is_master,
-        sm=el,
-    )
-    reporter = Reporter(store, transport, lambda: manager.snapshot)
-    manager.events.subscribe(reporter.on_event)
-
-    def dispatch(mad: bytes, src: MadAddress) -> bool:
-        return sa.take(mad, src) if mad[1] == SA_CLASS else el.take(mad, src)
-
-    transport.serve(dispatch, inline=sa.take_inline)
-
-
 async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportStats]:
     """One heavy sweep; the snapshot and what the transport counted (SMPs, retries, resends)."""
     transport = open_transport(args)
     try:
         transport.start()
         manager = FabricManager(transport, config_from_args(args))
-        serve_sm(transport, manager)
+        serve_port(transport, manager)  # peers' SMInfo and hosts' SA queries are answered meanwhile
         return await manager.heavy_sweep(), transport.stats
     finally:
         await transport.close()
@@ -238,7 +210,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
         transport.start()
         config = dataclasses.replace(config_from_args(args), sweep_interval=args.sweep_interval)
         manager = FabricManager(transport, config)
-        serve_sm(transport, manager)
+        serve_port(transport, manager)
 
         def on_event(ev: Any) -> None:
             snap = manager.snapshot

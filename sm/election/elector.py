@@ -185,7 +185,8 @@ class Elector:
         """The next sweep as master is a new master's first (hosts are told to re-register)."""
         self.since = time.time()
         self.reason = "start"
-        self.handovers_sent = 0
+        self.step_downs = 0
+        """Times this master stood by for a better SM."""
         self.takeovers = 0
         self.polls = 0
         self.poll_failures = 0
@@ -421,19 +422,6 @@ class Elector:
             return None
         return {k: int(v) for k, v in SM_INFO.unpack(m.data).items() if isinstance(v, int)}
 
-    async def _set_sminfo(self, route: Route, control: SmInfoControl, data: bytes) -> bool:
-        """SubnSet(SMInfo) ``control`` carrying ``data`` (our SMInfo as the peer must see it)."""
-        mad = (
-            smp_dr(Method.SET, SmpAttr.SM_INFO, int(control), 0, route, data)
-            if isinstance(route, tuple)
-            else smp_lid(Method.SET, SmpAttr.SM_INFO, int(control), 0, data)
-        )
-        try:
-            ans = await self.transport.send(mad, route)
-            return not parse_mad(ans).status & 0x7FFF
-        except (IbfmError, MadError):
-            return False
-
     async def arbitrate(self, d: Discovery) -> bool:
         """After discovery: ask the other SMs, decide our state; whether this sweep may program."""
         if self.state == SmState.NOT_ACTIVE:
@@ -523,7 +511,7 @@ class Elector:
         no SUBNET UP in 90 s; two OpenSMs show the same, the new master waits 60 s for its polls to
         time out). An ibfm peer takes a HANDOVER (``take``) as the spec says.
         """
-        self.handovers_sent += 1
+        self.step_downs += 1
         self._set(SmState.STANDBY, f"stepped down for {best.guid:#018x} ({best.node_name})", master=best)
         self._next_poll = time.monotonic() + self.poll_interval
         return True

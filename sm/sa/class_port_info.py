@@ -34,6 +34,8 @@ GSI_QKEY = 0x80010000
 
 class ClassPortInfoFamily:
     reads_only: ClassVar[bool] = True
+    is_attribute: ClassVar[bool] = True
+    """Answered as one whole MAD with AttributeOffset 0, not as a table of records."""
     attr: ClassVar[int] = int(SaAttr.CLASS_PORT_INFO)
     size: ClassVar[int] = CLASS_PORT_INFO.size
     methods: ClassVar[frozenset[int]] = frozenset({int(SaMethod.GET)})

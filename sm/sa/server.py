@@ -44,7 +44,6 @@ from fabric.mad.sa import (
     SA_CLASS,
     SA_CLASS_VERSION,
     SA_DATA_OFFSET,
-    SaAttr,
     SaMad,
     SaMethod,
     SaStatus,
@@ -245,7 +244,7 @@ class SaServer:
         except MadError:
             st.dropped += 1
             return True
-        if mad.base_version != 1 or mad.class_version != SA_CLASS_VERSION:
+        if mad.class_version != SA_CLASS_VERSION:  # (parse_sa refused another base version)
             self._error(mad, src, SaStatus.BAD_VERSION)
             return True
         st.by_attr[mad.attr_id] += 1
@@ -311,8 +310,9 @@ class SaServer:
         head[3] = method
         head[4:6] = b"\0\0"
         head[36:44] = bytes(8)  # SM_Key: always 0 in answers (C15-0.1.5)
-        if family.attr == SaAttr.CLASS_PORT_INFO:
-            offset = 0  # answered as an attribute, not a record table (as OpenSM)
+        whole = getattr(family, "is_attribute", False)
+        if whole:
+            offset = 0  # an attribute, not a record table (ClassPortInfo, as OpenSM answers it)
         head[44:46] = offset.to_bytes(2, "big")
         st = self.stats
         st.records += n
@@ -321,7 +321,7 @@ class SaServer:
             # One MAD, as long as its record (OpenSM hands the MAD layer header + records; a
             # ClassPortInfo goes whole). A GetResp to a Get has no RMPP.
             one = bytes(head) + payload[: 256 - SA_DATA_OFFSET]
-            self._send(one.ljust(256, b"\0") if family.attr == SaAttr.CLASS_PORT_INFO else one, src, 0)
+            self._send(one.ljust(256, b"\0") if whole else one, src, 0)
             return
         limit = getattr(self.transport, "max_answer_bytes", None)
         if limit is not None and SA_DATA_OFFSET + len(payload) > limit:

@@ -207,6 +207,8 @@ class WindowedTransport(ABC):
     """Replies are delivered on another thread than the event loop's."""
     max_answer_bytes: ClassVar[int | None] = None
     """Longest answer ``reply`` can send (None: no limit of the transport's own)."""
+    _PEEKS_ON_ARRIVAL: ClassVar[bool] = False
+    """The subclass shows traps to ``trap_peek`` itself where they arrive (its receive thread)."""
     kernel_rmpp: ClassVar[bool] = False
     """An answer longer than a MAD handed to ``reply`` whole is cut into RMPP segments below us (the
     kernel's MAD layer); otherwise the SA runs the RMPP sender itself."""
@@ -353,7 +355,8 @@ class WindowedTransport(ABC):
 
     def _unsolicited(self, mad: bytes) -> None:
         self.stats.unsolicited += 1
-        self._peek(mad)
+        if not self._PEEKS_ON_ARRIVAL:
+            self._peek(mad)
         self._traps.put_nowait(mad)
 
     def _peek(self, mad: bytes) -> None:

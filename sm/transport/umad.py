@@ -408,6 +408,7 @@ class UmadTransport(WindowedTransport):
     """
 
     _THREADED = True
+    _PEEKS_ON_ARRIVAL = True
     kernel_rmpp = True
     max_answer_bytes = 256 * 1024
 

@@ -1,0 +1,58 @@
+"""The SM's services on its port, wired once: the SA, its Reports, and SMInfo for the election.
+
+``ibfm serve``, ``ibfm sm`` and the tests all serve a manager's port the
+same way: SA requests (class 0x03) to a :class:`~sm.sa.server.SaServer`
+answering from the manager's snapshot while it is master, the SA's
+read-only queries inline where the transport allows it, SMInfo to the
+manager's :class:`~sm.election.elector.Elector`, and InformInfo
+subscribers told of ports and links through the manager's events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fabric.mad.sa import SA_CLASS
+from sm.sa.families import all_families
+from sm.sa.inform_info import Reporter
+from sm.sa.server import SaServer
+from sm.sa.store import SaStore
+from sm.transport.base import MadAddress, WindowedTransport
+
+if TYPE_CHECKING:
+    from sm.sweep.manager import FabricManager
+
+
+@dataclass
+class SmServices:
+    sa: SaServer
+    reporter: Reporter
+    store: SaStore
+
+    def close(self) -> None:
+        self.reporter.close()
+        self.sa.close()
+
+
+def serve_port(transport: WindowedTransport, manager: FabricManager) -> SmServices:
+    """Answer what peers and hosts ask our port, from now on: SMInfo, and the SA while we are master."""
+    el = manager.elector
+    store = SaStore()
+    sa = SaServer(
+        transport,
+        all_families(),
+        lambda: manager.snapshot,
+        store=store,
+        sm_key=manager.config.sm_key,
+        ready=lambda: el.is_master,
+        sm=el,
+    )
+    reporter = Reporter(store, transport, lambda: manager.snapshot)
+    manager.events.subscribe(reporter.on_event)
+
+    def dispatch(mad: bytes, src: MadAddress) -> bool:
+        return sa.take(mad, src) if mad[1] == SA_CLASS else el.take(mad, src)
+
+    transport.serve(dispatch, inline=sa.take_inline)
+    return SmServices(sa, reporter, store)
