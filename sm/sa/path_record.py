@@ -35,7 +35,7 @@ traced hop by hop through the LFT for all its cells at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -157,6 +157,12 @@ class _Base:
     gid_bytes: list[bytes]
     span: int
     prefix: int
+    ep1: list[tuple[int, int, int, bool, int, int, int, int]]
+    """Per end port, as Python ints for a Get's scalar work: (first switch row, link MTU, link rate
+    rank, is a switch, peer's switch row (-1: a CA) or -2 (no peer), node, port, base LID)."""
+    ep_of_lid1: list[int]
+    cols1: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+    """:func:`_column` as lists (a Get reads one cell of each)."""
     cols: dict[int, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = field(default_factory=dict)
     rows: dict[int, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = field(default_factory=dict)
 
@@ -222,6 +228,13 @@ def _base(snap: Any) -> _Base:
     ep_of_lid = np.full(lids.max_lid + 1, -1, np.intp)
     for k in range(1 << lids.lmc):
         ep_of_lid[ep_base + k] = np.arange(ep_node.size)
+    peer_row = np.where(ep_up, row_of[ep_peer // P], -2)
+    ep1 = list(
+        zip(
+            first.tolist(), link_mtu_ep.tolist(), link_rank_ep.tolist(), is_sw.tolist(), peer_row.tolist(),
+            ep_node.tolist(), ep_port.tolist(), ep_base.tolist(), strict=True,
+        )
+    )  # fmt: skip
     return _Base(
         nports=P,
         sw=sw,
@@ -253,6 +266,8 @@ def _base(snap: Any) -> _Base:
         gid_bytes=[bytes(g) for g in gid],
         span=1 << lids.lmc,
         prefix=prefix,
+        ep1=ep1,
+        ep_of_lid1=ep_of_lid.tolist(),
     )
 
 
@@ -381,29 +396,24 @@ def _column(b: _Base, lid: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.u
 
 
 def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
-    """:func:`path_values` for one end port and LID, without array set-up (a Get's cost)."""
-    dst = int(b.ep_of_lid[dlid])
-    if dst == src:
-        return int(b.ep_link_mtu[src]), int(b.ep_link_rank[src])
-    first = int(b.ep_first[src])
-    lm, lr = int(b.ep_link_mtu[src]), int(b.ep_link_rank[src])
-    if b.ep_is_sw[src]:
+    """:func:`path_values` for one end port and LID, with Python scalars (a Get's cost)."""
+    first, lm, lr, is_sw, peer_row, _, _, _ = b.ep1[src]
+    if b.ep_of_lid1[dlid] == src:
+        return lm, lr
+    if first < 0:
+        return 0, 0
+    if not is_sw and peer_row < 0:  # a CA cabled to a CA
+        return (lm, lr) if int(b.owner_key[dlid]) == int(b.ep_peer_key[src]) else (0, 0)
+    col = b.cols1.get(dlid)
+    if col is None:
         m_col, r_col = _column(b, dlid)
-        tm, tr = int(m_col[first]), int(r_col[first])
-        m, r = min(lm, tm), min(lr, tr)
-    else:
-        if first < 0:
-            return 0, 0
-        peer = int(b.ep_peer_key[src])
-        if b.row_of[peer // b.nports] < 0:  # a CA cabled to a CA
-            return (lm, lr) if int(b.owner_key[dlid]) == peer else (0, 0)
-        m_col, r_col = _column(b, dlid)
-        m, r = min(lm, int(m_col[first])), min(lr, int(r_col[first]))
+        col = b.cols1[dlid] = (m_col.tolist(), r_col.tolist())
+    m = min(lm, col[0][first])
+    r = min(lr, col[1][first])
     return (m, r) if m and r else (0, 0)
 
 
-@dataclass(frozen=True)
-class _Req:
+class _Req(NamedTuple):
     mask: int
     get: bool
     iterations: int
@@ -537,8 +547,9 @@ class PathRecordFamily:
 
     def _one(self, ctx: SaContext, b: _Base, r: _Req, src: int, dst: int) -> Rows:
         """The one path of a port pair with one LID each (what most Gets ask), with scalars."""
-        slid = r.slid if r.slid is not None else int(b.ep_base[src])
-        dlid = r.dlid if r.dlid is not None else int(b.ep_base[dst])
+        s1, d1 = b.ep1[src], b.ep1[dst]
+        slid = r.slid if r.slid is not None else s1[7]
+        dlid = r.dlid if r.dlid is not None else d1[7]
         none = np.zeros((0, 64), np.uint8)
         mtu, rank = path_value1(b, src, dlid)
         if not mtu:
@@ -550,8 +561,8 @@ class PathRecordFamily:
             return none
         if r.plt is not None and (plt := _select1(plt, *r.plt)) < 0:
             return none
-        sp = (int(b.ep_node[src]), int(b.ep_port[src]))
-        dp = (int(b.ep_node[dst]), int(b.ep_port[dst]))
+        sp = (s1[5], s1[6])
+        dp = (d1[5], d1[6])
         pkey = pair_pkey(ctx, sp, dp, r.pkey)
         if pkey is None:
             return none

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 Rows = npt.NDArray[np.uint8]
 """Packed records, one per row (``uint8[k, record size]``)."""
 
-_RESPONSE = {
+_RESPONSE: dict[int, int] = {
     SaMethod.GET: SaMethod.GET_RESP,
     SaMethod.SET: SaMethod.GET_RESP,
     SaMethod.GET_TABLE: SaMethod.GET_TABLE_RESP,
@@ -297,7 +297,7 @@ class SaServer:
         elif n > MAX_TABLE_RECORDS:
             self._error(mad, src, SaStatus.ERR_NO_RESOURCES)
             return
-        method = _RESPONSE[SaMethod(mad.method)]
+        method = _RESPONSE[mad.method]  # IntEnum keys: an int finds them
         offset = (family.size + 7) // 8 if n else 0
         stride = offset * 8
         if stride != family.size and n:
@@ -350,7 +350,7 @@ class SaServer:
         self._arm(key, out)
 
     def _error(self, mad: SaMad, src: MadAddress, status: int) -> None:
-        method = _RESPONSE.get(SaMethod(mad.method), SaMethod.GET_RESP) if mad.method in _RESPONSE else 0x81
+        method = _RESPONSE.get(mad.method, 0x81)
         head = bytearray(mad.raw[:SA_DATA_OFFSET])
         head[3] = method
         head[4:6] = int(status).to_bytes(2, "big")

@@ -260,9 +260,7 @@ def load_libibumad(names: Sequence[str] | None = None) -> ctypes.CDLL:
             except OSError as exc:
                 errors.append(str(exc))
         if lib is None:
-            raise TransportError(
-                "libibumad not found (install libibumad3 from rdma-core): " + "; ".join(errors)
-            )
+            raise TransportError("libibumad not found (install libibumad3 from rdma-core): " + "; ".join(errors))
         c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
         protos: dict[str, tuple[object, list[object]]] = {
             "umad_init": (c_int, []),
@@ -439,6 +437,8 @@ class UmadTransport(WindowedTransport):
         self._stop = threading.Event()
         self._send_buf: ctypes.Array[ctypes.c_char] | None = None
         self._long_buf: ctypes.Array[ctypes.c_char] | None = None
+        self._long_view: memoryview | None = None
+        self._long_addr: tuple[int, int, int] | None = None
         """The buffer answers of other lengths than a MAD go out from (reused; with the engine lock held)."""
         self._send_view: memoryview | None = None
         self._send_addr: tuple[int, int, int] | None = None
@@ -900,11 +900,15 @@ class UmadTransport(WindowedTransport):
         if n > MAX_RMPP_BYTES:
             raise ValueError(f"answer of {n} bytes; at most {MAX_RMPP_BYTES}")
         hs = self._hdr_size
-        buf = self._long_buf
-        if buf is None or len(buf) < hs + n:
+        buf, view = self._long_buf, self._long_view
+        if buf is None or view is None or len(buf) < hs + n:
             buf = self._long_buf = ctypes.create_string_buffer(hs + max(n, 4096))
-        lib.umad_set_addr(buf, addr[0], addr[1], 0, addr[2])
-        ctypes.memmove(ctypes.addressof(buf) + hs, mad, n)
+            view = self._long_view = memoryview(buf).cast("B")
+            self._long_addr = None
+        if addr != self._long_addr:  # (umad_send rewrites agent, length and timeouts, not the address)
+            lib.umad_set_addr(buf, addr[0], addr[1], 0, addr[2])
+            self._long_addr = addr
+        view[hs : hs + n] = mad
         rc = self._umad_send(self._portid, agent, buf, n, 0, 0)
         if rc < 0:
             raise TransportError(f"umad_send of {n} bytes on {self.ca_name}/{self.port_num} failed: {_err(rc)}")
