@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from fabric.generate import fattree  # noqa: E402
 from fabric.model import Fabric  # noqa: E402
-from tests.test_ibsim_election import IBFM_HOST, OpenSm, ibfm_serve, opensm  # noqa: E402
+from tests.test_ibsim_election import IBFM_HOST, OSM_HOST, OpenSm, ibfm_serve, opensm  # noqa: E402
 from tests.test_ibsim_sm import SIM_SPEED, start_sim  # noqa: E402
 
 LIMIT_S = 120.0
@@ -65,7 +65,8 @@ def run_case(first: str, second: str, fabric: Fabric) -> tuple[float | None, flo
             def a_up() -> bool:
                 return a.role() == "master" and a.health().get("subnet_up") is True
         else:
-            osm_a = es.enter_context(opensm(sim, priority=0, host=IBFM_HOST))
+            # two OpenSMs need two ports; beside ibfm (at IBFM_HOST) OpenSM takes its own
+            osm_a = es.enter_context(opensm(sim, priority=0, host=IBFM_HOST if second == "opensm" else OSM_HOST))
             a_up = _osm_up(osm_a)
         if waited(a_up, 60) is None:
             raise SystemExit(f"{first}: the first SM never came up")
