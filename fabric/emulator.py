@@ -2,9 +2,11 @@
 
 :class:`EmulatedFabric` keeps its own copy of a :class:`~fabric.model.Fabric`
 as physical truth, plus what the devices hold: per-switch LFTs
-(``uint8[n_switches, LinearFDBCap]``), SwitchInfo (LinearFDBTop,
-PortStateChange), PortInfo per port (LID, LMC, MasterSMLID, NeighborMTU,
-OperationalVLs, ...), SMInfo of the ports that run an SM and PMA counters.
+(``uint8[n_switches, LinearFDBCap]``) and MFTs (``uint16[n_switches,
+MulticastFDBCap, positions]``), SwitchInfo (LinearFDBTop, PortStateChange),
+PortInfo per port (LID, LMC, MasterSMLID, NeighborMTU, OperationalVLs, ...),
+P_KeyTables, SLtoVLMappingTables and VLArbitrationTables, SMInfo of the ports
+that run an SM and PMA counters.
 
 The SM attaches at ``(sm_node, sm_port)``. :meth:`EmulatedFabric.process`
 takes one request MAD and returns the response, or None when the MAD is
@@ -23,7 +25,11 @@ dropped (a real device drops silently; the transport then times out):
   or missing LFT entry, or a DLID above LinearFDBTop, drops the MAD.
 
 One handler per attribute, all with one signature; a Set copies in what
-the device accepts and then answers with the current state. Link events
+the device accepts and then answers with the current state. The tables an SM
+programs are sized from the capabilities the devices advertise and start as
+ibsim's do (see :class:`EmulatedFabric`); :meth:`EmulatedFabric.pkey_table`,
+:meth:`~EmulatedFabric.sl2vl`, :meth:`~EmulatedFabric.vlarb` and
+:meth:`~EmulatedFabric.mft` read them. Link events
 (:meth:`link_down`, :meth:`link_up`, :meth:`remove_node`,
 :meth:`restore_node`) set PortStateChange on the switches concerned and
 queue a trap 128 (a LID-routed Notice toward the switch's MasterSMLID) in
@@ -44,7 +50,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,14 +58,21 @@ import numpy.typing as npt
 from fabric.errors import IbfmError
 from fabric.mad import (
     CLASS_PORT_INFO,
+    DEFAULT_PKEY,
+    MAX_MFT_ENTRIES,
+    MFT_BLOCK_SIZE,
+    MFT_PORTS_PER_POSITION,
     NODE_INFO,
     PERMISSIVE_LID,
+    PKEY_BLOCK_SIZE,
     PORT_COUNTERS,
     PORT_COUNTERS_EXT,
     PORT_INFO,
     RETURN_PATH_OFFSET,
+    SL2VL_SIZE,
     SM_INFO,
     SWITCH_INFO,
+    VLARB_BLOCK_SIZE,
     FieldValueError,
     Layout,
     Mad,
@@ -75,6 +88,7 @@ from fabric.mad import (
     make_response,
     node_desc_pack,
     parse_mad,
+    sl2vl_unpack,
     trap128_pack,
     trap_mad,
 )
@@ -101,7 +115,27 @@ LID_HOP_LIMIT = 64
 
 DEFAULT_GID_PREFIX = 0xFE80000000000000
 
+MFT_CAP = 1024
+"""Default SwitchInfo.MulticastFDBCap, ibsim's: MLIDs 0xC000..0xC3FF."""
+CA_PARTITION_CAP = 128
+"""Default NodeInfo.PartitionCap of a CA: P_Keys in each of its ports' tables."""
+SWITCH_PARTITION_CAP = 8
+"""Default NodeInfo.PartitionCap of a switch: P_Keys in its port 0's table (ibsim's)."""
+VLARB_CAP = 8
+"""PortInfo.VLArbitrationHighCap and VLArbitrationLowCap of every port (ibsim's)."""
+
+DEFAULT_SL2VL = bytes.fromhex("0123456789abcde7")
+"""The SLtoVLMappingTable every port starts with, ibsim's: SL i on VL i for SLs 0..14, SL15 on VL7."""
+DEFAULT_VLARB = np.array(
+    [[(vl, 0 if vl == 0 else 4) for vl in range(VLARB_CAP)], [(vl, 4 if vl == 0 else 0) for vl in range(VLARB_CAP)]],
+    np.uint8,
+)
+"""``uint8[priority, entry, (VL, Weight)]``: the VLArbitrationTable every port starts with, ibsim's.
+Low priority (row 0): VL i at weight 4, VL0 at 0; high priority (row 1): VL0 at weight 4, the rest 0."""
+
 _NO_ROUTE = 255
+
+_S = TypeVar("_S", bound=np.generic)
 
 # Per-port flags (a bytearray indexed node * (max_port + 1) + port).
 _F_LINK = 1
@@ -343,9 +377,19 @@ class EmulatedFabric:
         sm_port: int = 1,
         traffic: TrafficSource | None = None,
         lft_cap: int = LFT_CAP,
+        mft_cap: int = MFT_CAP,
+        partition_cap: int = CA_PARTITION_CAP,
+        switch_partition_cap: int = SWITCH_PARTITION_CAP,
+        partition_enforcement_cap: int = 0,
         drop_rate: float = 0.0,
         seed: int = 0,
     ) -> None:
+        """``lft_cap``, ``mft_cap`` and ``partition_enforcement_cap`` are every switch's
+        SwitchInfo LinearFDBCap, MulticastFDBCap and PartitionEnforcementCap (0: the switches
+        do not enforce partitions, so their external ports have no P_KeyTable);
+        ``partition_cap`` and ``switch_partition_cap`` are NodeInfo.PartitionCap of CAs and
+        of switches (the size of a CA port's P_KeyTable, and of a switch port 0's).
+        """
         f = fabric.copy()
         self.fabric = f
         """Physical truth: cables, port states, widths, LIDs (the emulator's own copy)."""
@@ -369,6 +413,19 @@ class EmulatedFabric:
         if not 1 <= lft_cap <= LFT_CAP:
             raise EmulatorError(f"LinearFDBCap {lft_cap} outside 1..{LFT_CAP}")
         self.lft_cap = lft_cap
+        if not 0 <= mft_cap <= MAX_MFT_ENTRIES:
+            raise EmulatorError(f"MulticastFDBCap {mft_cap} outside 0..{MAX_MFT_ENTRIES}")
+        for what, cap, low in (
+            ("PartitionCap", partition_cap, 1),
+            ("switch PartitionCap", switch_partition_cap, 1),
+            ("PartitionEnforcementCap", partition_enforcement_cap, 0),
+        ):
+            if not low <= cap <= 0xFFFF:
+                raise EmulatorError(f"{what} {cap} outside {low}..65535")
+        self.mft_cap = mft_cap
+        self.partition_cap = partition_cap
+        self.switch_partition_cap = switch_partition_cap
+        self.partition_enforcement_cap = partition_enforcement_cap
         self.drop_rate = drop_rate
         """Fraction of request MADs silently dropped (ibsim's ``Error`` command)."""
         self._rng = random.Random(seed)
@@ -403,6 +460,13 @@ class EmulatedFabric:
         self.port_state_change = np.zeros(sw.size, np.bool_)
         """SwitchInfo.PortStateChange per switch row."""
         self.life_time = np.full(sw.size, 18, np.uint8)
+        npos = int(f.nports[sw].max()) // MFT_PORTS_PER_POSITION + 1 if sw.size else 1
+        rows = -(-mft_cap // MFT_BLOCK_SIZE) * MFT_BLOCK_SIZE
+        self._mft = np.zeros((sw.size, rows, npos), np.uint16)
+        """``uint16[switch row, MLID - 0xC000, position]``: PortMasks (untouched pages cost no memory)."""
+
+        # -- per-port tables, flat over the ports that exist (switch port 0 included), node by node
+        self._init_port_tables()
 
         # -- per-port PortInfo state beyond what the Fabric arrays hold
         shape = (n, pp)
@@ -471,7 +535,11 @@ class EmulatedFabric:
             int(SmpAttr.NODE_DESC): self._h_node_desc,
             int(SmpAttr.PORT_INFO): self._h_port_info,
             int(SmpAttr.SWITCH_INFO): self._h_switch_info,
+            int(SmpAttr.PKEY_TABLE): self._h_pkey_table,
+            int(SmpAttr.SL2VL_TABLE): self._h_sl2vl,
+            int(SmpAttr.VLARB_TABLE): self._h_vlarb,
             int(SmpAttr.LFT): self._h_lft,
+            int(SmpAttr.MFT): self._h_mft,
             int(SmpAttr.GUID_INFO): self._h_guid_info,
             int(SmpAttr.SM_INFO): self._h_sm_info,
         }
@@ -480,6 +548,45 @@ class EmulatedFabric:
             int(PerfAttr.PORT_COUNTERS): self._h_port_counters,
             int(PerfAttr.PORT_COUNTERS_EXT): self._h_port_counters_ext,
         }
+
+    def _init_port_tables(self) -> None:
+        """Allocate the P_Key, SL-to-VL and VL arbitration tables and fill them with their defaults.
+
+        A port's tables are found through its dense index ``_port_ix[node, port]`` (ports
+        that exist, in node then port order); P_KeyTables of different sizes lie end to end
+        in ``_pkeys`` (port ``i`` owns ``_pkey_off[i]:_pkey_off[i + 1]``); SLtoVLMappingTables
+        are 8-byte rows of ``_sl2vl``, from ``_sl2vl_base[node]``: a switch's ``(in, out)`` pair
+        at ``in * (NumPorts + 1) + out``, a CA port ``p`` at ``p - 1``.
+        """
+        f = self.fabric
+        ex = f.port_exists
+        n_ports = int(np.count_nonzero(ex))
+        ix = np.full(ex.shape, -1, np.int64)
+        ix[ex] = np.arange(n_ports)
+        self._port_ix = ix
+        is_sw = f.node_type == NodeType.SWITCH
+        size = np.where(np.broadcast_to(is_sw[:, None], ex.shape), self.partition_enforcement_cap, self.partition_cap)
+        size[is_sw, 0] = self.switch_partition_cap
+        off = np.zeros(n_ports + 1, np.int64)
+        np.cumsum(size[ex], out=off[1:])
+        self._pkey_off = off
+        self._pkeys = np.zeros(int(off[-1]), np.uint16)
+        nports = f.nports.astype(np.int64)
+        count = np.where(is_sw, (nports + 1) ** 2, nports)
+        self._sl2vl_base: list[int] = (np.cumsum(count) - count).tolist()
+        self._sl2vl = np.empty((int(count.sum()), SL2VL_SIZE), np.uint8)
+        self._vlarb = np.empty((n_ports, 2, VLARB_CAP, 2), np.uint8)
+        """``uint8[port index, priority (0 low, 1 high), entry, (VL, Weight)]``."""
+        self._reset_port_tables(0, n_ports, 0, self._sl2vl.shape[0])
+
+    def _reset_port_tables(self, first: int, end: int, sl2vl_first: int, sl2vl_end: int) -> None:
+        """Defaults for ports ``first..end-1`` (dense indices) and SL-to-VL rows ``sl2vl_first..sl2vl_end-1``."""
+        off = self._pkey_off
+        self._pkeys[off[first] : off[end]] = 0
+        starts = off[first:end]
+        self._pkeys[starts[starts < off[first + 1 : end + 1]]] = DEFAULT_PKEY
+        self._sl2vl[sl2vl_first:sl2vl_end] = np.frombuffer(DEFAULT_SL2VL, np.uint8)
+        self._vlarb[first:end] = DEFAULT_VLARB
 
     # -- derived state ------------------------------------------------------------
 
@@ -664,6 +771,61 @@ class EmulatedFabric:
             raise EmulatorError(f"node {self.fabric.names[node]!r} is not a switch")
         return r
 
+    # -- the tables the devices hold, for tests and tools -------------------------------
+
+    def _table_port(self, node: int, port: int) -> int:
+        """Dense index of ``(node, port)``; EmulatorError if the port does not exist."""
+        if not 0 <= node < self._n:
+            raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
+        ix = int(self._port_ix[node, port]) if 0 <= port < self._P else -1
+        if ix < 0:
+            raise EmulatorError(f"{self.fabric.port_name(node, port)}: no such port")
+        return ix
+
+    def pkey_table(self, node: int, port: int) -> npt.NDArray[np.uint16]:
+        """The P_KeyTable of ``(node, port)`` (switch port 0 too), a read-only view of its whole size:
+        NodeInfo.PartitionCap entries for a CA port or switch port 0, PartitionEnforcementCap for a
+        switch's external port."""
+        ix = self._table_port(node, port)
+        return _read_only(self._pkeys[self._pkey_off[ix] : self._pkey_off[ix + 1]])
+
+    def sl2vl(self, node: int, in_port: int, out_port: int) -> npt.NDArray[np.uint8]:
+        """The VL of each SL (``uint8[16]``, a copy) in the SLtoVLMappingTable of a switch's
+        ``(in_port, out_port)`` pair, or of a CA's port ``out_port`` (``in_port`` 0, as the
+        SLtoVLMappingTableRecord names it)."""
+        self._table_port(node, out_port)
+        np_ = self._nports[node]
+        if self._is_sw[node]:
+            self._table_port(node, in_port)
+            k = self._sl2vl_base[node] + in_port * (np_ + 1) + out_port
+        elif in_port != 0 or out_port == 0:
+            raise EmulatorError(f"{self.fabric.names[node]!r} is a CA: its tables are (in port 0, out port 1..{np_})")
+        else:
+            k = self._sl2vl_base[node] + out_port - 1
+        return sl2vl_unpack(self._sl2vl[k].tobytes())
+
+    def vlarb(self, node: int, port: int, block: int) -> npt.NDArray[np.uint8]:
+        """VLArbitrationTable ``block`` of ``(node, port)`` as a Get answers it: ``uint8[32, 2]`` of
+        ``(VL, Weight)`` (a copy; entries beyond the VLArbitration cap are 0). Blocks 1 and 2 hold
+        low priority entries 0-31 and 32-63, blocks 3 and 4 high priority ones."""
+        ix = self._table_port(node, port)
+        lo = (block - 1) % 2 * VLARB_BLOCK_SIZE
+        if not 1 <= block <= 4 or lo >= VLARB_CAP:
+            raise EmulatorError(f"VLArbitrationTable block {block}: the ports hold blocks 1 and 3 (cap {VLARB_CAP})")
+        out = np.zeros((VLARB_BLOCK_SIZE, 2), np.uint8)
+        held = self._vlarb[ix, (block - 1) // 2, lo : lo + VLARB_BLOCK_SIZE]
+        out[: held.shape[0]] = held
+        return out
+
+    def mft(self, node: int) -> npt.NDArray[np.uint16]:
+        """A switch's MulticastForwardingTable, a read-only view ``uint16[MulticastFDBCap, positions]``:
+        entry ``[i, q]`` is the PortMask of MLID ``0xC000 + i`` for ports ``16*q .. 16*q+15``
+        (bit ``p - 16*q`` set: forward out of port ``p``); EmulatorError for a CA."""
+        if not 0 <= node < self._n:
+            raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
+        row = self.switch_row(node)
+        return _read_only(self._mft[row, : self.mft_cap, : self._nports[node] // MFT_PORTS_PER_POSITION + 1])
+
     def data_mask(self) -> npt.NDArray[np.bool_]:
         """``[node, port]``: ports that send data now (ACTIVE, peer ARMED/ACTIVE)."""
         fl = np.frombuffer(self._flags, np.uint8).reshape(self._n, self._P)
@@ -819,9 +981,7 @@ class EmulatedFabric:
         if end is None:
             return None
         node, in_port = end
-        device = m.mgmt_class == MgmtClass.PERF or (
-            m.mgmt_class == MgmtClass.SUBN_LID and m.attr_id != SmpAttr.SM_INFO
-        )
+        device = m.mgmt_class == MgmtClass.PERF or (m.mgmt_class == MgmtClass.SUBN_LID and m.attr_id != SmpAttr.SM_INFO)
         if not device:
             client = self._client_at(node, in_port)
             if client is not None and client is not src:
@@ -908,7 +1068,7 @@ class EmulatedFabric:
                 "SystemImageGUID": int(f.sysimg_guid[node]),
                 "NodeGUID": int(f.node_guid[node]),
                 "PortGUID": int(f.port_guid[node, 0]) if sw else 0,
-                "PartitionCap": 8 if sw else 128,
+                "PartitionCap": self.switch_partition_cap if sw else self.partition_cap,
                 "DeviceID": int(f.device_id[node]),
                 "Revision": 0,
                 "LocalPortNum": 0,
@@ -980,7 +1140,7 @@ class EmulatedFabric:
             {
                 "LinearFDBCap": self.lft_cap,
                 "RandomFDBCap": 0,
-                "MulticastFDBCap": 0,
+                "MulticastFDBCap": self.mft_cap,
                 "LinearFDBTop": int(self.lft_top[row]),
                 "DefaultPort": 0,
                 "DefaultMulticastPrimaryPort": 0xFF,
@@ -988,7 +1148,7 @@ class EmulatedFabric:
                 "LifeTimeValue": int(self.life_time[row]),
                 "PortStateChange": int(self.port_state_change[row]),
                 "LIDsPerPort": 0,
-                "PartitionEnforcementCap": 0,
+                "PartitionEnforcementCap": self.partition_enforcement_cap,
                 "EnhancedPort0": 0,
             }
         )
@@ -1003,6 +1163,79 @@ class EmulatedFabric:
         if is_set:
             self.lft[row, lo : lo + LFT_BLOCK] = np.frombuffer(data, np.uint8, LFT_BLOCK)
         return self.lft[row, lo : lo + LFT_BLOCK].tobytes(), _OK
+
+    def _h_mft(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        # Modifier: block (32 MLIDs) in bits 0-8, position (16 ports a PortMask) in bits 28-31.
+        row = self._sw_row[node]
+        if row < 0:
+            return data, _UNSUPPORTED  # a CA has no MFT
+        lo = (attr_mod & 0x1FF) * MFT_BLOCK_SIZE
+        n = min(MFT_BLOCK_SIZE, self.mft_cap - lo)
+        if n <= 0 or attr_mod >> 28 > self._nports[node] // MFT_PORTS_PER_POSITION:
+            return data, _INVALID
+        masks = self._mft[row, lo : lo + n, attr_mod >> 28]
+        if is_set:
+            masks[:] = np.frombuffer(data, ">u2", n)
+        return masks.astype(">u2").tobytes(), _OK
+
+    def _h_pkey_table(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        # Modifier: block (32 P_Keys) in bits 0-15; a switch's port in bits 16-23. A CA answers
+        # for the port the SMP arrived on whatever the port bits say (as ibsim).
+        if self._is_sw[node]:
+            port = attr_mod >> 16 & 0xFF
+            if port > self._nports[node]:
+                return data, _INVALID
+        else:
+            port = in_port
+        ix = int(self._port_ix[node, port])
+        lo = int(self._pkey_off[ix]) + (attr_mod & 0xFFFF) * PKEY_BLOCK_SIZE
+        n = min(PKEY_BLOCK_SIZE, int(self._pkey_off[ix + 1]) - lo)
+        if n <= 0:
+            return data, _INVALID  # beyond PartitionCap / PartitionEnforcementCap
+        keys = self._pkeys[lo : lo + n]
+        if is_set:
+            keys[:] = np.frombuffer(data, ">u2", n)
+        return keys.astype(">u2").tobytes(), _OK
+
+    def _h_sl2vl(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        # Modifier: a switch's input port in bits 8-15, output port in bits 0-7; the bits above
+        # (optimized programming, IBA 1.3) are refused, as SwitchInfo does not offer it. A CA
+        # answers for the port the SMP arrived on (the modifier is 0; ibsim ignores it, so do we).
+        np_ = self._nports[node]
+        if self._is_sw[node]:
+            i, o = attr_mod >> 8 & 0xFF, attr_mod & 0xFF
+            if attr_mod >> 16 or i > np_ or o > np_:
+                return data, _INVALID
+            k = self._sl2vl_base[node] + i * (np_ + 1) + o
+        else:
+            k = self._sl2vl_base[node] + in_port - 1
+        table = self._sl2vl[k]
+        if is_set:
+            table[:] = np.frombuffer(data, np.uint8, SL2VL_SIZE)
+        return table.tobytes(), _OK
+
+    def _h_vlarb(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
+        # Modifier: block in bits 16-31 (1, 2: low priority entries 0-31, 32-63; 3, 4: high
+        # priority 0-31, 32-63); a switch's port in bits 0-7 (a CA: the arrival port). Entries
+        # beyond the port's VLArbitration cap are not kept: 0 in a Get, dropped from a Set;
+        # a block wholly beyond it is refused (as ibsim).
+        if self._is_sw[node]:
+            port = attr_mod & 0xFF
+            if port > self._nports[node]:
+                return data, _INVALID
+        else:
+            port = in_port
+        block = attr_mod >> 16
+        lo = (block - 1) % 2 * VLARB_BLOCK_SIZE
+        n = min(VLARB_BLOCK_SIZE, VLARB_CAP - lo)
+        if not 1 <= block <= 4 or n <= 0:
+            return data, _INVALID
+        entries = self._vlarb[int(self._port_ix[node, port]), (block - 1) // 2, lo : lo + n]
+        if is_set:
+            raw = np.frombuffer(data, np.uint8, 2 * n).reshape(n, 2)
+            entries[:, 0] = raw[:, 0] & 0xF  # the 4 bits above the VL are reserved
+            entries[:, 1] = raw[:, 1]
+        return entries.tobytes(), _OK
 
     def _h_port_info(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
         if attr_mod == 0 and not self._is_sw[node]:
@@ -1056,8 +1289,8 @@ class EmulatedFabric:
                 "MasterSMSL": int(self.master_sm_sl[node, e]),
                 "VLCap": int(f.vl_cap[node, port]),
                 "VLHighLimit": int(self.vl_high_limit[node, port]),
-                "VLArbitrationHighCap": 8,
-                "VLArbitrationLowCap": 8,
+                "VLArbitrationHighCap": VLARB_CAP,
+                "VLArbitrationLowCap": VLARB_CAP,
                 "MTUCap": int(f.mtu_cap[node, port]),
                 "VLStallCount": int(self.vl_stall[node, port]),
                 "HOQLife": int(self.hoq_life[node, port]),
@@ -1105,8 +1338,8 @@ class EmulatedFabric:
             "MasterSMSL": self.master_sm_sl[node, e],
             "VLCap": f.vl_cap[node, port],
             "VLHighLimit": self.vl_high_limit[node, port],
-            "VLArbitrationHighCap": 8,
-            "VLArbitrationLowCap": 8,
+            "VLArbitrationHighCap": VLARB_CAP,
+            "VLArbitrationLowCap": VLARB_CAP,
             "MTUCap": f.mtu_cap[node, port],
             "VLStallCount": self.vl_stall[node, port],
             "HOQLife": self.hoq_life[node, port],
@@ -1395,8 +1628,8 @@ class EmulatedFabric:
     def restore_node(self, node: int, *, reset: bool = True) -> None:
         """The node comes back (power on): its cabled links train to INIT.
 
-        With ``reset`` (a power cycle) its LIDs, LFT, SwitchInfo, PortInfo settings
-        and counters start from scratch.
+        With ``reset`` (a power cycle) its LIDs, LFT, MFT, SwitchInfo, PortInfo settings,
+        P_Key, SL-to-VL and VL arbitration tables and counters start from scratch.
         """
         if not 0 <= node < self._n:
             raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
@@ -1444,6 +1677,11 @@ class EmulatedFabric:
             self.lft_top[r] = 0
             self.port_state_change[r] = False
             self.life_time[r] = 18
+            self._mft[r] = 0
+        ports = self._port_ix[node][ex]
+        s0 = self._sl2vl_base[node]
+        s1 = self._sl2vl_base[node + 1] if node + 1 < self._n else self._sl2vl.shape[0]
+        self._reset_port_tables(int(ports[0]), int(ports[-1]) + 1, s0, s1)
         for p in range(self._nports[node] + 1):
             self._forget_port_info(node, p)
 
@@ -1623,6 +1861,13 @@ def _pack_rows(layout: Layout, values: dict[str, npt.ArrayLike], count: int) -> 
             part = (v >> np.uint64(e - hi)) & np.uint64((1 << (hi - lo)) - 1)
             out[:, b] |= (part << np.uint64(8 * b + 8 - hi)).astype(np.uint8)
     return out
+
+
+def _read_only(a: npt.NDArray[_S]) -> npt.NDArray[_S]:
+    """A view of ``a`` that cannot be written through (the device's state changes only by SMPs)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def _fit_desc(text: str) -> str:

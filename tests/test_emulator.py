@@ -184,7 +184,7 @@ def test_read_only_and_unknown_attributes() -> None:
     emu = EmulatedFabric(small())
     assert answer(set_dr(emu, SmpAttr.NODE_INFO, (1,), bytes(64)))[0] == MadStatus.METHOD_ATTR_UNSUPPORTED
     assert answer(set_dr(emu, SmpAttr.NODE_DESC, (1,), bytes(64)))[0] == MadStatus.METHOD_ATTR_UNSUPPORTED
-    assert answer(get_dr(emu, 0x0017, (1,)))[0] == MadStatus.METHOD_ATTR_UNSUPPORTED  # VLArbitration
+    assert answer(get_dr(emu, 0x0031, (1,)))[0] == MadStatus.METHOD_ATTR_UNSUPPORTED  # LedInfo: not emulated
     assert answer(get_dr(emu, SmpAttr.SWITCH_INFO, ()))[0] == MadStatus.METHOD_ATTR_UNSUPPORTED  # on a CA
     assert answer(get_dr(emu, SmpAttr.LFT, ()))[0] == MadStatus.METHOD_ATTR_UNSUPPORTED
     send = bytearray(smp_dr(Method.GET, SmpAttr.NODE_INFO, 0, 1, (1,)))

@@ -30,16 +30,20 @@ from fabric.mad import (
     LFT,
     MAD_HEADER,
     MAD_SIZE,
+    MFT,
     NODE_DESC,
     NODE_INFO,
     NOTICE,
     NOTICE_SMP,
+    PKEY_TABLE,
     PORT_COUNTERS,
     PORT_COUNTERS_EXT,
     PORT_INFO,
+    SL2VL_TABLE,
     SM_INFO,
     SMP_DR_HEADER,
     SWITCH_INFO,
+    VLARB_TABLE,
     Field,
     FieldValueError,
     Layout,
@@ -58,11 +62,20 @@ from fabric.mad import (
     lft_block_pack,
     lft_block_unpack,
     make_response,
+    mft_block_pack,
+    mft_block_unpack,
+    mft_mod,
     node_desc_pack,
     node_desc_unpack,
     notice_unpack,
     parse_mad,
     perf_mad,
+    pkey_block_pack,
+    pkey_block_unpack,
+    pkey_table_mod,
+    sl2vl_mod,
+    sl2vl_pack,
+    sl2vl_unpack,
     smp_dr,
     smp_lid,
     status_ok,
@@ -71,6 +84,9 @@ from fabric.mad import (
     trap_mad,
     trap_port_pack,
     trap_repress,
+    vlarb_block_pack,
+    vlarb_block_unpack,
+    vlarb_mod,
 )
 from tests.conftest import need
 
@@ -216,7 +232,7 @@ def test_switch_info_golden() -> None:
 
 def test_sm_info_guid_info_node_desc_lft_golden() -> None:
     b = SM_INFO.pack({"GUID": 0x10, "SM_Key": 0x20, "ActCount": 0x30, "Priority": 0xA, "SMState": 3})
-    assert b == bytes.fromhex("0000000000000010" "0000000000000020" "00000030" "a3")
+    assert b == bytes.fromhex("0000000000000010000000000000002000000030a3")
     g = GUID_INFO.pack({"GUID0": 1, "GUID7": 0xFF})
     assert g[0:8] == (1).to_bytes(8, "big") and g[56:64] == (0xFF).to_bytes(8, "big")
     nd = node_desc_pack("sw-leaf-01 mlx5_0")
@@ -229,6 +245,67 @@ def test_sm_info_guid_info_node_desc_lft_golden() -> None:
     assert lft_block_pack(list(range(64))) == block
     assert lft_block_unpack(block) == block
     assert np.array_equal(np.frombuffer(lft_block_unpack(block), np.uint8), ports)
+
+
+# ibsim's reset SLtoVLMappingTable and VLArbitrationTable blocks 1 (low) and 3 (high), as
+# smp_query_via reads them from ibsim 0.12 (smpquery sl2vl / vlarb print the same values).
+IBSIM_SL2VL = bytes.fromhex("0123456789abcde7")
+IBSIM_VLARB_LOW = bytes.fromhex("00000104020403040404050406040704").ljust(64, b"\0")
+IBSIM_VLARB_HIGH = bytes.fromhex("00040100020003000400050006000700").ljust(64, b"\0")
+
+
+def test_table_attributes_golden() -> None:
+    sl = SL2VL_TABLE.unpack(IBSIM_SL2VL)
+    assert [sl[f"SL{i}toVL"] for i in range(16)] == [*range(15), 7] == sl2vl_unpack(IBSIM_SL2VL).tolist()
+    assert sl2vl_pack([*range(15), 7]) == IBSIM_SL2VL == SL2VL_TABLE.pack(sl)
+    assert SL2VL_TABLE.pack({"SL0toVL": 0xA, "SL15toVL": 3}) == bytes.fromhex("a000000000000003")
+    low = VLARB_TABLE.unpack(IBSIM_VLARB_LOW)
+    assert [(low[f"Entry{i}VL"], low[f"Entry{i}Weight"]) for i in range(9)] == [
+        (0, 0),
+        *((v, 4) for v in range(1, 8)),
+        (0, 0),
+    ]
+    assert vlarb_block_unpack(IBSIM_VLARB_HIGH)[:8].tolist() == [[0, 4], *([v, 0] for v in range(1, 8))]
+    assert vlarb_block_pack(vlarb_block_unpack(IBSIM_VLARB_LOW)[:8]) == IBSIM_VLARB_LOW
+    # the 4 bits above each VL are reserved: neither field nor helper reads them
+    reserved = bytes([0xF3, 9]) + bytes(62)
+    assert VLARB_TABLE.unpack(reserved)["Entry0VL"] == 3 and vlarb_block_unpack(reserved)[0].tolist() == [3, 9]
+    assert VLARB_TABLE.pack({"Entry31VL": 0xF, "Entry31Weight": 0x80})[62:] == b"\x0f\x80"
+    pk = PKEY_TABLE.pack({"P_Key0": 0xFFFF, "P_Key31": 0x8001})
+    assert pk == b"\xff\xff" + bytes(60) + b"\x80\x01" == pkey_block_pack([0xFFFF, *[0] * 30, 0x8001])
+    assert pkey_block_unpack(pk).tolist() == [PKEY_TABLE.unpack(pk)[f"P_Key{i}"] for i in range(32)]
+    assert pkey_block_pack([0x7FFF]) == b"\x7f\xff" + bytes(62)  # a short block is zero padded
+    masks = np.arange(32, dtype=np.uint16) * 0x0401
+    block = mft_block_pack(masks)
+    assert block[2:4] == b"\x04\x01" and MFT.unpack(block)["PortMask31"] == 31 * 0x0401
+    assert np.array_equal(mft_block_unpack(block), masks)
+    # AttributeModifiers
+    assert pkey_table_mod(3, 17) == 0x0011_0003 and pkey_table_mod(0xFFFF) == 0xFFFF
+    assert sl2vl_mod(2, 5) == 0x0205 and sl2vl_mod() == 0
+    assert vlarb_mod(3, 7) == 0x0003_0007 and vlarb_mod(1) == 0x0001_0000
+    assert mft_mod(511, 15) == 0xF000_01FF and mft_mod(2, 1) == 0x1000_0002
+    for bad in (
+        lambda: vlarb_mod(0),
+        lambda: vlarb_mod(5),
+        lambda: mft_mod(512),
+        lambda: mft_mod(0, 16),
+        lambda: pkey_table_mod(0x10000),
+        lambda: pkey_table_mod(0, 256),
+        lambda: sl2vl_mod(256, 0),
+        lambda: pkey_block_pack(range(33)),
+        lambda: pkey_block_pack([0x10000]),
+        lambda: mft_block_pack([-1]),
+        lambda: sl2vl_pack([16] * 16),
+        lambda: sl2vl_pack([0] * 15),
+        lambda: vlarb_block_pack([(16, 0)]),
+        lambda: vlarb_block_pack([(0, 256)]),
+        lambda: vlarb_block_pack([(0, 1)] * 33),
+    ):
+        with pytest.raises(FieldValueError):
+            bad()
+    for short in (pkey_block_unpack, mft_block_unpack, sl2vl_unpack, vlarb_block_unpack):
+        with pytest.raises(MadError, match="need"):
+            short(bytes(4))
 
 
 def test_port_counters_golden_in_mad() -> None:
@@ -266,9 +343,7 @@ def test_port_counters_golden_in_mad() -> None:
 
 
 def test_port_counters_ext_and_class_port_info_golden() -> None:
-    b = PORT_COUNTERS_EXT.pack(
-        {"PortSelect": 1, "PortXmitData": 0x0102030405060708, "PortMulticastRcvPkts": 2**64 - 1}
-    )
+    b = PORT_COUNTERS_EXT.pack({"PortSelect": 1, "PortXmitData": 0x0102030405060708, "PortMulticastRcvPkts": 2**64 - 1})
     assert b[1] == 1 and b[8:16] == bytes.fromhex("0102030405060708") and b[64:72] == b"\xff" * 8
     c = CLASS_PORT_INFO.pack(
         {"BaseVersion": 1, "ClassVersion": 1, "CapabilityMask": 0x0600, "RespTimeValue": 18, "TrapLID": 7}
@@ -545,9 +620,7 @@ def _layout_and_values(draw: st.DrawFn) -> tuple[Layout, dict[str, int | bytes]]
             if f.is_bytes:
                 values[f.name] = draw(st.binary(min_size=f.width // 8, max_size=f.width // 8))
             else:
-                values[f.name] = draw(
-                    st.one_of(st.just(0), st.just(f.max_value), st.integers(0, f.max_value))
-                )
+                values[f.name] = draw(st.one_of(st.just(0), st.just(f.max_value), st.integers(0, f.max_value)))
     return lay, values
 
 
@@ -599,9 +672,7 @@ def test_unpack_then_pack_keeps_field_bits(lay: Layout, data: st.DataObject) -> 
     data=st.binary(max_size=64),
     mkey=st.integers(0, 2**64 - 1),
 )
-def test_dr_smp_round_trip(
-    method: int, attr: int, mod: int, tid: int, path: list[int], data: bytes, mkey: int
-) -> None:
+def test_dr_smp_round_trip(method: int, attr: int, mod: int, tid: int, path: list[int], data: bytes, mkey: int) -> None:
     b = smp_dr(method, attr, mod, tid, path, data, mkey)
     m = parse_mad(b)
     assert (m.method, m.attr_id, m.attr_mod, m.tid, m.mkey) == (method, attr, mod, tid, mkey)
@@ -627,7 +698,6 @@ def test_registry_covers_smp_classes_alike() -> None:
 
 UMAD2SIM = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so"
 NETFILE = "/usr/share/doc/ibsim-utils/net-examples/net.2sw2path4hca2port"
-
 
 
 def _libibmad() -> ctypes.CDLL:
@@ -764,7 +834,11 @@ def test_make_response_matches_ibsim_dr_responses(ibsim_env: dict[str, str]) -> 
     paths.append([3])
     out = subprocess.run(
         [sys.executable, "-c", _UMAD_DR, *(r.hex() for r in reqs)],
-        env=ibsim_env, capture_output=True, text=True, timeout=30, check=True,
+        env=ibsim_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout.split()
     assert len(out) == len(reqs)
     for req, path, hexresp in zip(reqs, paths, out, strict=True):
@@ -819,8 +893,12 @@ def ibsim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     need("ibsim example net file", Path(NETFILE).exists())
     env = {**os.environ, "IBSIM_SOCKNAME": f"ibfm-mad-{uuid.uuid4().hex[:12]}"}
     proc = subprocess.Popen(
-        ["ibsim", "-s", NETFILE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=env, cwd=tmp_path,
+        ["ibsim", "-s", NETFILE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
     )
     try:
         assert proc.stdout is not None
@@ -858,13 +936,21 @@ def test_decode_agrees_with_smpquery_on_ibsim(ibsim_env: dict[str, str]) -> None
     ]
     raw = subprocess.run(
         [sys.executable, "-c", _RAW_QUERY, *(f"{p}:{int(a)}:{m}" for *_, a, p, m in queries)],
-        env=ibsim_env, capture_output=True, text=True, timeout=30, check=True,
+        env=ibsim_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout.split()
     assert len(raw) == len(queries)
     decoded = []
     for (cmd, args, lay, *_), hexdata in zip(queries, raw, strict=True):
         out = subprocess.run(
-            ["smpquery", "-D", cmd, *args], env=ibsim_env, capture_output=True, text=True, timeout=30,
+            ["smpquery", "-D", cmd, *args],
+            env=ibsim_env,
+            capture_output=True,
+            text=True,
+            timeout=30,
             check=True,
         ).stdout
         text = _parse_smpquery(out)
@@ -887,3 +973,60 @@ def test_decode_agrees_with_smpquery_on_ibsim(ibsim_env: dict[str, str]) -> None
     assert sw_port["PortPhysicalState"] == 5 and sw_port["LinkWidthActive"] == 2
     assert hca_port["LocalPortNum"] == 1
     assert swinfo["LinearFDBCap"] == 30720 and swinfo["MulticastFDBCap"] == 1024
+
+
+def _smpquery_tables(env: dict[str, str], *args: str) -> list[list[int]]:
+    """The rows of numbers smpquery prints for a table: P_Keys, SL2VL ``| 0| 1|`` and VLArb ``|0x4 |``
+    cells; an SL2VL row starts with its input and output port (``ports: in  2, out  0:``)."""
+    out = subprocess.run(["smpquery", "-D", *args], env=env, capture_output=True, text=True, timeout=30, check=True)
+    rows = []
+    for line in out.stdout.splitlines():
+        if line.startswith("#") or ":" not in line:
+            continue
+        head, _, cells = line.rpartition(":")
+        values = [int(x, 0) for x in cells.replace("|", " ").split()]
+        if head.startswith("ports"):
+            ports = head.partition(":")[2].replace("in", " ").replace("out", " ").replace(",", " ").split()
+            rows.append([int(x) for x in ports] + values)
+        elif head.strip().isdigit() or head.startswith(("VL", "WEIGHT")):
+            rows.append(values)
+    return rows
+
+
+@pytest.mark.ibsim
+def test_table_attributes_agree_with_smpquery_on_ibsim(ibsim_env: dict[str, str]) -> None:
+    """P_KeyTable, SLtoVLMappingTable and VLArbitrationTable as ibsim answers them, decoded by the
+    layouts, say what smpquery pkeys / sl2vl / vlarb print."""
+    queries = [
+        ("0,1", SmpAttr.PKEY_TABLE, pkey_table_mod(0)),
+        ("0", SmpAttr.PKEY_TABLE, pkey_table_mod(0, 3)),
+        ("0,1", SmpAttr.SL2VL_TABLE, sl2vl_mod()),
+        ("0", SmpAttr.SL2VL_TABLE, sl2vl_mod(2, 0)),
+        ("0,1", SmpAttr.VLARB_TABLE, vlarb_mod(1)),
+        ("0,1", SmpAttr.VLARB_TABLE, vlarb_mod(3)),
+        ("0", SmpAttr.MFT, mft_mod(0)),
+    ]
+    raw = subprocess.run(
+        [sys.executable, "-c", _RAW_QUERY, *(f"{p}:{int(a)}:{m}" for p, a, m in queries)],
+        env=ibsim_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
+    pk_ca, pk_sw3, sl_ca, sl_sw, low, high, mft = (bytes.fromhex(h) for h in raw)
+    text = [x for row in _smpquery_tables(ibsim_env, "pkeys", "0,1") for x in row]
+    assert pkey_block_unpack(pk_ca).tolist() == text[:32] and text[0] == 0xFFFF
+    text = [x for row in _smpquery_tables(ibsim_env, "pkeys", "0", "3") for x in row]
+    assert [PKEY_TABLE.unpack(pk_sw3)[f"P_Key{i}"] for i in range(32)] == text[:32]
+    (ca_row,) = _smpquery_tables(ibsim_env, "sl2vl", "0,1")
+    assert ca_row[2:] == [SL2VL_TABLE.unpack(sl_ca)[f"SL{i}toVL"] for i in range(16)]  # after "in 0, out 0"
+    sw_rows = {(r[0], r[1]): r[2:] for r in _smpquery_tables(ibsim_env, "sl2vl", "0")}
+    assert sw_rows[(2, 0)] == sl2vl_unpack(sl_sw).tolist() == sl2vl_unpack(IBSIM_SL2VL).tolist()
+    vl_low, w_low, vl_high, w_high = _smpquery_tables(ibsim_env, "vlarb", "0,1")
+    for block, vls, weights in ((low, vl_low, w_low), (high, vl_high, w_high)):
+        v = VLARB_TABLE.unpack(block)
+        n = len(vls)  # smpquery shows the cap's entries
+        assert [v[f"Entry{i}VL"] for i in range(n)] == vls and [v[f"Entry{i}Weight"] for i in range(n)] == weights
+    assert (low, high) == (IBSIM_VLARB_LOW, IBSIM_VLARB_HIGH)
+    assert not mft_block_unpack(mft).any()

@@ -1,11 +1,15 @@
 """Attribute layouts with the IBA spec's bit offsets, and the registry keyed by (class, attribute ID).
 
 Offsets are those of the IBA Volume 1 tables (release 1.3/1.4): NodeInfo,
-NodeDescription, SwitchInfo, GUIDInfo, PortInfo, LinearForwardingTable,
-SMInfo, Notice (chapter 14), PerfMgt ClassPortInfo (chapter 13), PortCounters
-and PortCountersExtended (chapter 16). Field names are the spec's; ``ibmad``
-gives libibmad's label where it differs, so dumps can be compared with
-``smpquery`` and ``perfquery`` output.
+NodeDescription, SwitchInfo, GUIDInfo, PortInfo, P_KeyTable,
+SLtoVLMappingTable, VLArbitrationTable, LinearForwardingTable,
+MulticastForwardingTable, SMInfo, Notice (chapter 14), PerfMgt ClassPortInfo
+(chapter 13), PortCounters and PortCountersExtended (chapter 16). Field names
+are the spec's; ``ibmad`` gives libibmad's label where it differs, so dumps can
+be compared with ``smpquery`` and ``perfquery`` output. The four tables have a
+row per entry; libibmad keeps each as one array (``SLToVLMap``, ``VLArbTbl``,
+``MulticastForwTbl``; P_Keys have no field) and ``smpquery`` prints them as
+tables of its own, so their rows carry no ``ibmad`` label.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from fabric.mad.constants import MgmtClass, NoticeType, PerfAttr, ProducerType, SmpAttr, Trap
 from fabric.mad.errors import FieldValueError, MadError
@@ -27,6 +32,27 @@ PERF_DATA_SIZE = 192
 
 LFT_BLOCK_SIZE = 64
 """LIDs per LinearForwardingTable block."""
+
+PKEY_BLOCK_SIZE = 32
+"""P_Keys per P_KeyTable block."""
+
+MFT_BLOCK_SIZE = 32
+"""MLIDs per MulticastForwardingTable block."""
+
+MFT_PORTS_PER_POSITION = 16
+"""Ports in one PortMask: position ``q`` covers ports ``16*q .. 16*q+15`` (bit ``p - 16*q`` is port ``p``)."""
+
+MLID_BASE = 0xC000
+"""First multicast LID: MFT block ``b`` entry ``i`` is MLID ``0xC000 + 32*b + i``."""
+
+MAX_MFT_ENTRIES = 0x4000
+"""Multicast LIDs 0xC000..0xFFFF: the most entries a MulticastForwardingTable can have."""
+
+VLARB_BLOCK_SIZE = 32
+"""Entries per VLArbitrationTable block."""
+
+SL2VL_SIZE = 8
+"""Bytes of an SLtoVLMappingTable: 16 SLs of 4 bits."""
 
 NODE_TYPES = {1: "Channel Adapter", 2: "Switch", 3: "Router"}
 PORT_STATES = {0: "NoChange", 1: "Down", 2: "Initialize", 3: "Armed", 4: "Active"}
@@ -157,6 +183,32 @@ PORT_INFO = Layout(
 
 LFT = Layout("LinearForwardingTable", 64, [F("PortBlock", 0, 512, fmt="bytes")])
 
+PKEY_TABLE = Layout("P_KeyTable", 64, [F(f"P_Key{i}", 16 * i, 16, fmt="hex") for i in range(PKEY_BLOCK_SIZE)])
+"""P_KeyTable (14.2.5.7): one block of 32 P_Keys (MembershipType in each top bit, P_KeyBase below).
+AttributeModifier (:func:`pkey_table_mod`): block in bits 0-15, a switch's port in bits 16-23."""
+
+SL2VL_TABLE = Layout("SLtoVLMappingTable", SL2VL_SIZE, [F(f"SL{i}toVL", 4 * i, 4) for i in range(16)])
+"""SLtoVLMappingTable (14.2.5.8): the VL of each SL, SL0 in the top nibble of byte 0.
+AttributeModifier (:func:`sl2vl_mod`): a switch's input port in bits 8-15, output port in bits 0-7."""
+
+VLARB_TABLE = Layout(
+    "VLArbitrationTable",
+    64,
+    [
+        f
+        for i in range(VLARB_BLOCK_SIZE)
+        for f in (F(f"Entry{i}VL", 16 * i + 4, 4), F(f"Entry{i}Weight", 16 * i + 8, 8))
+    ],
+)
+"""VLArbitrationTable (14.2.5.9): one block of 32 entries of 16 bits: 4 reserved, VL, Weight.
+AttributeModifier (:func:`vlarb_mod`): block 1..4 in bits 16-31 (low priority entries 0-31 and
+32-63, then high priority 0-31 and 32-63), a switch's port in bits 0-7."""
+
+MFT = Layout("MulticastForwardingTable", 64, [F(f"PortMask{i}", 16 * i, 16, fmt="hex") for i in range(MFT_BLOCK_SIZE)])
+"""MulticastForwardingTable (IBA 14.2.5): one block of 32 PortMasks, for MLIDs ``0xC000 + 32*block``
+onwards. AttributeModifier (:func:`mft_mod`): block in bits 0-8, position (16 ports a mask) in bits
+28-31."""
+
 SM_INFO = Layout(
     "SMInfo",
     21,
@@ -276,7 +328,11 @@ for _cls in (MgmtClass.SUBN_LID, MgmtClass.SUBN_DR):
         (SmpAttr.SWITCH_INFO, SWITCH_INFO),
         (SmpAttr.GUID_INFO, GUID_INFO),
         (SmpAttr.PORT_INFO, PORT_INFO),
+        (SmpAttr.PKEY_TABLE, PKEY_TABLE),
+        (SmpAttr.SL2VL_TABLE, SL2VL_TABLE),
+        (SmpAttr.VLARB_TABLE, VLARB_TABLE),
         (SmpAttr.LFT, LFT),
+        (SmpAttr.MFT, MFT),
         (SmpAttr.SM_INFO, SM_INFO),
     ):
         ATTRIBUTES[(int(_cls), int(_attr))] = _layout
@@ -337,6 +393,117 @@ def lft_block_unpack(buf: bytes, offset: int = 0) -> bytes:
     return raw
 
 
+# --- P_KeyTable, SLtoVLMappingTable, VLArbitrationTable, MulticastForwardingTable ---
+
+
+def pkey_table_mod(block: int, port: int = 0) -> int:
+    """P_KeyTable AttributeModifier: ``block`` (0..65535) and, on a switch, ``port`` (0..255)."""
+    _check_mod("P_KeyTable block", block, 0xFFFF)
+    _check_mod("P_KeyTable port", port, 0xFF)
+    return port << 16 | block
+
+
+def sl2vl_mod(in_port: int = 0, out_port: int = 0) -> int:
+    """SLtoVLMappingTable AttributeModifier: a switch's input and output port (0 for a CA)."""
+    _check_mod("SLtoVLMappingTable input port", in_port, 0xFF)
+    _check_mod("SLtoVLMappingTable output port", out_port, 0xFF)
+    return in_port << 8 | out_port
+
+
+def vlarb_mod(block: int, port: int = 0) -> int:
+    """VLArbitrationTable AttributeModifier: ``block`` 1..4 and, on a switch, ``port`` (0..255)."""
+    if not 1 <= block <= 4:
+        raise FieldValueError(f"VLArbitrationTable block: {block} is not 1..4")
+    _check_mod("VLArbitrationTable port", port, 0xFF)
+    return block << 16 | port
+
+
+def mft_mod(block: int, position: int = 0) -> int:
+    """MulticastForwardingTable AttributeModifier: ``block`` (0..511, 32 MLIDs each) and ``position`` (0..15)."""
+    _check_mod("MulticastForwardingTable block", block, 0x1FF)
+    _check_mod("MulticastForwardingTable position", position, 0xF)
+    return position << 28 | block
+
+
+def _check_mod(what: str, value: int, top: int) -> None:
+    if not 0 <= value <= top:
+        raise FieldValueError(f"{what}: {value} is not 0..{top}")
+
+
+def _u16_block(name: str, values: Sequence[int] | np.ndarray, size: int) -> bytes:
+    """Up to ``size`` 16-bit entries, big endian, zero padded to 64 bytes."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.size > size:
+        raise FieldValueError(f"{name}: a block holds at most {size} entries, got shape {arr.shape}")
+    if arr.size and (not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr.max() > 0xFFFF):
+        raise FieldValueError(f"{name}: entries must be integers 0..0xFFFF")
+    return arr.astype(">u2").tobytes().ljust(64, b"\0")
+
+
+def pkey_block_pack(pkeys: Sequence[int] | np.ndarray) -> bytes:
+    """One P_KeyTable block from up to 32 P_Keys (the rest 0)."""
+    return _u16_block("P_KeyTable", pkeys, PKEY_BLOCK_SIZE)
+
+
+def pkey_block_unpack(buf: bytes, offset: int = 0) -> npt.NDArray[np.uint16]:
+    """The 32 P_Keys of a P_KeyTable block, ``uint16``."""
+    return _u16_unpack(PKEY_TABLE, buf, offset)
+
+
+def mft_block_pack(port_masks: Sequence[int] | np.ndarray) -> bytes:
+    """One MulticastForwardingTable block from up to 32 PortMasks (the rest 0)."""
+    return _u16_block("MulticastForwardingTable", port_masks, MFT_BLOCK_SIZE)
+
+
+def mft_block_unpack(buf: bytes, offset: int = 0) -> npt.NDArray[np.uint16]:
+    """The 32 PortMasks of a MulticastForwardingTable block, ``uint16``."""
+    return _u16_unpack(MFT, buf, offset)
+
+
+def _u16_unpack(layout: Layout, buf: bytes, offset: int) -> npt.NDArray[np.uint16]:
+    if len(buf) < offset + layout.size:
+        raise MadError(f"{layout.name}: need {layout.size} bytes at offset {offset}, buffer has {len(buf)} bytes")
+    return np.frombuffer(buf, ">u2", layout.size // 2, offset).astype(np.uint16)
+
+
+def sl2vl_pack(vls: Sequence[int] | np.ndarray) -> bytes:
+    """An SLtoVLMappingTable from the VL of each of the 16 SLs (0..15; 15 drops the SL's packets)."""
+    arr = np.asarray(vls)
+    if arr.shape != (16,) or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr.max() > 15:
+        raise FieldValueError(f"SLtoVLMappingTable: needs 16 VLs 0..15, got {arr.tolist()!r}")
+    pairs = arr.astype(np.uint8).reshape(8, 2)
+    return (pairs[:, 0] << 4 | pairs[:, 1]).astype(np.uint8).tobytes()
+
+
+def sl2vl_unpack(buf: bytes, offset: int = 0) -> npt.NDArray[np.uint8]:
+    """The VL of each of the 16 SLs, ``uint8[16]``."""
+    if len(buf) < offset + SL2VL_SIZE:
+        raise MadError(f"SLtoVLMappingTable: need {SL2VL_SIZE} bytes at offset {offset}, buffer has {len(buf)} bytes")
+    raw = np.frombuffer(buf, np.uint8, SL2VL_SIZE, offset)
+    return np.stack([raw >> 4, raw & 0xF], axis=1).ravel()
+
+
+def vlarb_block_pack(entries: Sequence[tuple[int, int]] | np.ndarray) -> bytes:
+    """One VLArbitrationTable block from up to 32 ``(VL, Weight)`` pairs (the rest 0)."""
+    arr = np.asarray(entries)
+    if arr.size == 0:
+        return bytes(64)
+    if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] > VLARB_BLOCK_SIZE:
+        raise FieldValueError(f"VLArbitrationTable: needs up to 32 (VL, Weight) pairs, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr[:, 0].max() > 15 or arr[:, 1].max() > 255:
+        raise FieldValueError("VLArbitrationTable: VLs must be 0..15 and weights 0..255")
+    return arr.astype(np.uint8).tobytes().ljust(64, b"\0")
+
+
+def vlarb_block_unpack(buf: bytes, offset: int = 0) -> npt.NDArray[np.uint8]:
+    """The 32 ``(VL, Weight)`` entries of a VLArbitrationTable block, ``uint8[32, 2]`` (reserved bits dropped)."""
+    if len(buf) < offset + VLARB_TABLE.size:
+        raise MadError(f"VLArbitrationTable: need 64 bytes at offset {offset}, buffer has {len(buf)} bytes")
+    out = np.frombuffer(buf, np.uint8, VLARB_TABLE.size, offset).reshape(VLARB_BLOCK_SIZE, 2).copy()
+    out[:, 0] &= 0xF
+    return out
+
+
 # --- Notice / traps -------------------------------------------------------
 
 
@@ -371,20 +538,24 @@ def trap128_pack(issuer_lid: int, *, lid: int | None = None, toggle: int = 0, co
     """Trap 128 (link state change) from a switch: DataDetails bytes 0-1 carry LIDADDR."""
     lidaddr = issuer_lid if lid is None else lid
     _check_u16("Trap128.LIDADDR", lidaddr)
-    return notice_pack(
-        Trap.LINK_STATE_CHANGE, issuer_lid, lidaddr.to_bytes(2, "big"), toggle=toggle, count=count
-    )
+    return notice_pack(Trap.LINK_STATE_CHANGE, issuer_lid, lidaddr.to_bytes(2, "big"), toggle=toggle, count=count)
 
 
-def trap_port_pack(trap_number: int, issuer_lid: int, port: int, *, producer_type: int = ProducerType.SWITCH,
-                   toggle: int = 0, count: int = 0) -> bytes:
+def trap_port_pack(
+    trap_number: int,
+    issuer_lid: int,
+    port: int,
+    *,
+    producer_type: int = ProducerType.SWITCH,
+    toggle: int = 0,
+    count: int = 0,
+) -> bytes:
     """Traps 129-131 (link integrity, buffer overrun, flow control watchdog): LIDADDR, PORTNO."""
     _check_u16("Trap.LIDADDR", issuer_lid)
     if not 0 <= port <= 255:
         raise FieldValueError(f"Trap{trap_number}.PORTNO: {port} is not 0..255")
     details = b"\0\0" + issuer_lid.to_bytes(2, "big") + bytes([port])
-    return notice_pack(trap_number, issuer_lid, details, producer_type=producer_type, toggle=toggle,
-                       count=count)
+    return notice_pack(trap_number, issuer_lid, details, producer_type=producer_type, toggle=toggle, count=count)
 
 
 def trap144_pack(
@@ -413,8 +584,9 @@ def trap144_pack(
         + change_flags.to_bytes(2, "big")
         + capability_mask2.to_bytes(2, "big")
     )
-    return notice_pack(Trap.CAPABILITY_MASK_CHANGE, issuer_lid, details, producer_type=producer_type,
-                       toggle=toggle, count=count)
+    return notice_pack(
+        Trap.CAPABILITY_MASK_CHANGE, issuer_lid, details, producer_type=producer_type, toggle=toggle, count=count
+    )
 
 
 def notice_unpack(buf: bytes, offset: int = 0) -> dict[str, Any]:
@@ -429,8 +601,7 @@ def notice_unpack(buf: bytes, offset: int = 0) -> dict[str, Any]:
         trap = n["TrapNumber"]
         if trap == Trap.LINK_STATE_CHANGE:
             n["LIDADDR"] = int.from_bytes(d[0:2], "big")
-        elif trap in (Trap.LOCAL_LINK_INTEGRITY, Trap.EXCESSIVE_BUFFER_OVERRUN,
-                      Trap.FLOW_CONTROL_UPDATE_WATCHDOG):
+        elif trap in (Trap.LOCAL_LINK_INTEGRITY, Trap.EXCESSIVE_BUFFER_OVERRUN, Trap.FLOW_CONTROL_UPDATE_WATCHDOG):
             n["LIDADDR"] = int.from_bytes(d[2:4], "big")
             n["PORTNO"] = d[4]
         elif trap == Trap.CAPABILITY_MASK_CHANGE:

@@ -18,6 +18,9 @@ MAX_DR_HOPS = 63
 RESPONSE_BIT = 0x80
 """R bit of the method byte."""
 
+DEFAULT_PKEY = 0xFFFF
+"""The default partition's P_Key, full member (IBA 10.9.1.2): index 0 of every P_KeyTable after reset."""
+
 
 class MgmtClass(IntEnum):
     """MAD MgmtClass."""
@@ -46,7 +49,11 @@ class SmpAttr(IntEnum):
     SWITCH_INFO = 0x0012
     GUID_INFO = 0x0014
     PORT_INFO = 0x0015
+    PKEY_TABLE = 0x0016
+    SL2VL_TABLE = 0x0017
+    VLARB_TABLE = 0x0018
     LFT = 0x0019
+    MFT = 0x001B
     SM_INFO = 0x0020
 
 
