@@ -1,4 +1,7 @@
-"""The SA's stateful families on an emulated subnet: ServiceRecord, alias GUIDs, InformInfo, Reports, MCMemberRecord."""
+"""The SA's stateful families on an emulated subnet: ServiceRecord, alias GUIDs, InformInfo, Reports.
+
+MCMemberRecord (joins, leaves, groups) has its own: tests/test_sa_mcmember.py.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ from fabric.mad.sa import (
     GUID_INFO_RECORD,
     INFORM_INFO,
     INFORM_INFO_RECORD,
-    MCMEMBER_RECORD,
     NOTICE,
     SERVICE_RECORD,
     SaAttr,
@@ -180,18 +182,6 @@ async def test_alias_guids() -> None:
         ans = await r.ask(GET, A, component_mask=gmask, data=GUID_INFO_RECORD.pack({"LID": lid, "BlockNum": 0}))
         rec = GUID_INFO_RECORD.unpack(ans.records[0])
         assert (rec["GUID1"], rec["GUID3"]) == (0, 0xA11A6)
-
-
-async def test_mcmember_record_not_yet() -> None:
-    async with sa_rig() as r:
-        A = SaAttr.MCMEMBER_RECORD
-        ans = await r.ask(TABLE, A)
-        assert ans.status == 0 and ans.records == []
-        assert (await r.ask(GET, A)).status == SaStatus.ERR_NO_RECORDS
-        data = MCMEMBER_RECORD.pack({"MGID": bytes([0xFF, 0x12]) + bytes(14), "JoinState": 1})
-        mask = component_mask(A, ["MGID", "PortGID", "JoinState"])
-        assert (await r.ask(SET, A, component_mask=mask, data=data)).status == SaStatus.ERR_REQ_INVALID
-        assert (await r.ask(DELETE, A, component_mask=mask, data=data)).status == SaStatus.ERR_REQ_INVALID
 
 
 # -- InformInfo and Reports --------------------------------------------------------------

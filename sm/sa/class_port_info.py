@@ -1,11 +1,14 @@
 """ClassPortInfo of the SA (IBA 15.2.5.1): what this SA supports, and where its traps go.
 
-CapabilityMask and CapabilityMask2 advertise exactly what ibfm answers today
-(no multicast groups, so no UD multicast and no send-only full member: IPoIB
-must not join send-only groups as full member until it is advertised). The
-rest as OpenSM 3.3.23 answers on ibsim: RespTimeValue 16 (its 200 ms
-transaction timeout), the redirect and trap Q_Keys of the GSI (0x80010000),
-redirect QP 1.
+CapabilityMask and CapabilityMask2 advertise exactly what ibfm answers: as
+OpenSM 3.3.23 serving multicast (osm_sa_class_port_info.c), IsUDMulticastSupported
+(MCMemberRecord joins and leaves, :mod:`sm.sa.mcmember_record`) and
+IsSendOnlyFullMemberSupported (the kernel's IB_SA_CAP_MASK2_SENDONLY_FULL_MEM_SUPPORT:
+IPoIB then joins its send-only groups as SendOnlyFullMember, which may create a
+group). Not IsMultiPathSupported (no GetMulti) nor IsMulticastServiceRecordsSupported
+(ServiceRecords name ports only), which OpenSM 3.3.23 advertises. The rest as
+OpenSM 3.3.23 answers on ibsim: RespTimeValue 16 (its 200 ms transaction timeout),
+the redirect and trap Q_Keys of the GSI (0x80010000), redirect QP 1.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from fabric.mad import CLASS_PORT_INFO
 from fabric.mad.sa import SA_CLASS_VERSION, SaAttr, SaCap, SaCap2, SaMethod
 from sm.sa.server import Rows, SaContext, SaRequest
 
-CAPABILITIES = SaCap.IS_GET_SET_NOTICE_SUPPORTED | SaCap.IS_PORT_INFO_CAPMASK_MATCH_SUPPORTED
+CAPABILITIES = (
+    SaCap.IS_GET_SET_NOTICE_SUPPORTED | SaCap.IS_PORT_INFO_CAPMASK_MATCH_SUPPORTED | SaCap.IS_UD_MULTICAST_SUPPORTED
+)
 CAPABILITIES2 = (
     SaCap2.IS_MULTICAST_FDB_TOP_SUPPORTED
     | SaCap2.IS_ALIAS_GUIDS_SUPPORTED
     | SaCap2.IS_FULL_PORT_INFO_RECORDS_SUPPORTED
     | SaCap2.IS_EXTENDED_SPEEDS_SUPPORTED
     | SaCap2.IS_PORT_INFO_CAPMASK2_MATCH_SUPPORTED
+    | SaCap2.IS_SEND_ONLY_FULL_MEMBER_SUPPORTED
     | SaCap2.IS_LINK_WIDTH_2X_SUPPORTED
     | SaCap2.IS_LINK_SPEED_HDR_SUPPORTED
 )

@@ -2,7 +2,8 @@
 
 The snapshot holds what the fabric is; the store holds what hosts asked
 for: ServiceRecords (with leases), InformInfo subscriptions, alias GUIDs,
-multicast groups and their members. It lives as long as the SA (it survives
+multicast groups and their members (:class:`~sm.sa.mcast_groups.McGroups`,
+with the MLIDs and the hooks the SM fills). It lives as long as the SA (it survives
 sweeps; a new master starts it empty, as hosts re-register when told to).
 Only the SA's families (and the :class:`~sm.sa.inform_info.Reporter`, which
 reads the subscriptions) use it, on the event loop.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from sm.sa.mcast_groups import McGroup, McGroups, McMember
 
 MAX_SERVICES = 16384
 """ServiceRecords in the whole subnet."""
@@ -80,26 +83,6 @@ class Subscription:
 
 
 @dataclass
-class McMember:
-    """One port's membership of a multicast group (issue 16 fills these)."""
-
-    port_gid: bytes
-    join_state: int
-    proxy_join: int = 0
-
-
-@dataclass
-class McGroup:
-    """One multicast group: its MCMemberRecord parameters (a packed record, PortGID and JoinState
-    zero) and its members by PortGID."""
-
-    mgid: bytes
-    mlid: int
-    record: bytes
-    members: dict[bytes, McMember] = field(default_factory=dict)
-
-
-@dataclass
 class SaStore:
     services: dict[Any, Any] = field(default_factory=dict)
     """ServiceRecords (:class:`Service`) by their key (ServiceID, ServiceGID, ServiceP_Key)."""
@@ -107,10 +90,30 @@ class SaStore:
     """InformInfo subscriptions (:class:`Subscription`) by :attr:`Subscription.key`."""
     alias_guids: dict[Any, Any] = field(default_factory=dict)
     """Alias GUIDs by (port GUID, GUID index): ``{(port_guid, index): alias_guid}``."""
-    mc_groups: dict[bytes, McGroup] = field(default_factory=dict)
-    """Multicast groups by MGID (empty until issue 16)."""
+    mcast: McGroups = field(default_factory=McGroups)
+    """Multicast groups, their members and MLIDs, and the hooks the SM fills (:mod:`sm.sa.mcast_groups`)."""
     version: int = 0
     """Bumped on every change of services, subscriptions or alias GUIDs."""
 
+    @property
+    def mc_groups(self) -> dict[bytes, McGroup]:
+        """Multicast groups by MGID."""
+        return self.mcast.groups
+
     def touch(self) -> None:
         self.version += 1
+
+
+__all__ = [
+    "INFINITE_LEASE",
+    "MAX_SERVICES",
+    "MAX_SERVICES_PER_PORT",
+    "MAX_SUBSCRIPTIONS",
+    "MAX_SUBSCRIPTIONS_PER_SUBSCRIBER",
+    "McGroup",
+    "McGroups",
+    "McMember",
+    "SaStore",
+    "Service",
+    "Subscription",
+]
