@@ -117,8 +117,10 @@ DEFAULT_GID_PREFIX = 0xFE80000000000000
 
 MFT_CAP = 1024
 """Default SwitchInfo.MulticastFDBCap, ibsim's: MLIDs 0xC000..0xC3FF."""
-CA_PARTITION_CAP = 128
-"""Default NodeInfo.PartitionCap of a CA: P_Keys in each of its ports' tables."""
+CA_PARTITION_CAP = 64
+"""Default NodeInfo.PartitionCap of a CA: P_Keys in each of its ports' tables (ibsim's)."""
+PARTITION_ENFORCEMENT_CAP = 64
+"""Default SwitchInfo.PartitionEnforcementCap: P_Keys in a switch external port's table (ibsim's)."""
 SWITCH_PARTITION_CAP = 8
 """Default NodeInfo.PartitionCap of a switch: P_Keys in its port 0's table (ibsim's)."""
 VLARB_CAP = 8
@@ -380,7 +382,7 @@ class EmulatedFabric:
         mft_cap: int = MFT_CAP,
         partition_cap: int = CA_PARTITION_CAP,
         switch_partition_cap: int = SWITCH_PARTITION_CAP,
-        partition_enforcement_cap: int = 0,
+        partition_enforcement_cap: int = PARTITION_ENFORCEMENT_CAP,
         drop_rate: float = 0.0,
         seed: int = 0,
     ) -> None:
@@ -480,6 +482,10 @@ class EmulatedFabric:
         self.subnet_timeout = np.zeros(shape, np.uint8)
         self.hoq_life = np.full(shape, 16, np.uint8)
         self.vl_stall = np.full(shape, 7, np.uint8)
+        self.part_enforce_in = np.zeros(shape, np.uint8)
+        self.part_enforce_out = np.zeros(shape, np.uint8)
+        """PortInfo.PartitionEnforcementInbound/Outbound: kept on switch ports that hold a P_Key table
+        (unlike ibsim, which reads them back as 0, as real switches keep them)."""
         self.vl_high_limit = np.zeros(shape, np.uint8)
         self.width_enabled = np.where(ex, f.width_cap, 0).astype(np.uint8)
         self.speed_enabled = np.zeros(shape, np.uint8)
@@ -1301,6 +1307,8 @@ class EmulatedFabric:
                 "LinkSpeedExtActive": _LSE_ACT[speed],
                 "LinkSpeedExtSupported": _LSE_SUP[cap],
                 "LinkSpeedExtEnabled": int(self.speed_ext_enabled[node, port]),
+                "PartitionEnforcementInbound": int(self.part_enforce_in[node, port]),
+                "PartitionEnforcementOutbound": int(self.part_enforce_out[node, port]),
             }
         )
 
@@ -1350,6 +1358,8 @@ class EmulatedFabric:
             "LinkSpeedExtActive": np.array(_LSE_ACT)[speed],
             "LinkSpeedExtSupported": np.array(_LSE_SUP)[cap],
             "LinkSpeedExtEnabled": self.speed_ext_enabled[node, port],
+            "PartitionEnforcementInbound": self.part_enforce_in[node, port],
+            "PartitionEnforcementOutbound": self.part_enforce_out[node, port],
         }
         return _pack_rows(PORT_INFO, values, n * pp)
 
@@ -1416,6 +1426,9 @@ class EmulatedFabric:
         self.vl_high_limit[node, port] = v["VLHighLimit"]
         self.hoq_life[node, port] = v["HOQLife"]
         self.vl_stall[node, port] = v["VLStallCount"]
+        if self._is_sw[node] and port and self.pkey_table(node, port).size:
+            self.part_enforce_in[node, port] = v["PartitionEnforcementInbound"]
+            self.part_enforce_out[node, port] = v["PartitionEnforcementOutbound"]
         self._forget_port_info(node, port)
         changed: set[int] = set()
         if phys == PhysState.DISABLED and not self.disabled[node, port]:
@@ -1660,6 +1673,8 @@ class EmulatedFabric:
             self.m_key_protect,
             self.subnet_timeout,
             self.vl_high_limit,
+            self.part_enforce_in,
+            self.part_enforce_out,
         ):
             arr[node] = 0
         self.gid_prefix[node] = DEFAULT_GID_PREFIX

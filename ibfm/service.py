@@ -43,6 +43,7 @@ from fabric.errors import IbfmError
 from fabric.model import Fabric
 from fabric.traffic import XMIT_WAIT_TICK_HZ, PredictedTraffic, TrafficClock
 from ibfm.settings import Settings
+from sm.partitions.config import load_partitions
 from sm.sa.services import serve_port
 from sm.sweep.events import EventBus, SweepDone, SweepFailed, _Event
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
@@ -124,6 +125,8 @@ def sm_config(settings: Settings) -> SmConfig:
         sm_key=s.sm_key,
         sm_poll_interval=s.poll_interval,
         sm_poll_retries=s.poll_retries,
+        partitions=load_partitions(s.partitions) if s.partitions is not None else None,
+        part_enforce=s.part_enforce,
     )
 
 

@@ -246,6 +246,16 @@ class SmSettings(_Section):
         description="Route and check in a forked child process while the switches are programmed; "
         "false: in the daemon's process, before programming.",
     )
+    partitions: Path | None = Field(
+        None,
+        description="Partitions file in OpenSM's partitions.conf syntax (P_Keys, members, IPoIB groups); unset: "
+        "OpenSM's default, every port a full member of the default partition 0x7fff.",
+    )
+    part_enforce: Literal["both", "in", "out", "off"] = Field(
+        "both",
+        description="Partition enforcement on the switch ports facing CAs (OpenSM's part_enforce): both "
+        "directions, inbound or outbound only, or off.",
+    )
 
     @field_validator("engines", mode="before")
     @classmethod
@@ -452,6 +462,7 @@ FLAGS: dict[str, str] = {
     "sm.root_guids": "--root-guid",
     "sm.sweep_interval": "--sweep-interval",
     "sm.priority": "--sm-priority",
+    "sm.partitions": "--partitions",
     "perfmgr.interval": "--perfmgr-interval",
     "log.level": "--log-level",
     "log.format": "--log-format",

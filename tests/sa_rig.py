@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.model import Fabric
+from sm.partitions.config import PartitionConfig
 from sm.sa.client import SaAnswer, sa_query
 from sm.sa.server import SaServer
 from sm.sa.services import SmServices, serve_port
@@ -36,14 +37,20 @@ class SaRig:
 
 @asynccontextmanager
 async def sa_rig(
-    fabric: Fabric | None = None, *, host_node: int | None = None, sm_key: int = 1
+    fabric: Fabric | None = None,
+    *,
+    host_node: int | None = None,
+    sm_key: int = 1,
+    partitions: PartitionConfig | None = None,
 ) -> AsyncIterator[SaRig]:
     """ibfm swept ``fabric`` (default a 2-level k=4 fat tree) from its first CA; the SA answers on its
     port; ``host`` speaks from another CA (``host_node``, default the last)."""
     f = fabric if fabric is not None else fattree(2, 4)
     emu = EmulatedFabric(f)
     sm = EmulatedTransport(emu, issm=True)
-    mgr = FabricManager(sm, SmConfig(offload=False, check_credit_loops=False, sm_key=sm_key))
+    mgr = FabricManager(
+        sm, SmConfig(offload=False, check_credit_loops=False, sm_key=sm_key, partitions=partitions)
+    )
     snap = await mgr.heavy_sweep()
     services = serve_port(sm, mgr)
     server = services.sa

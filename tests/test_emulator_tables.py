@@ -13,6 +13,7 @@ from fabric.emulator import (
     CA_PARTITION_CAP,
     DEFAULT_SL2VL,
     MFT_CAP,
+    PARTITION_ENFORCEMENT_CAP,
     SWITCH_PARTITION_CAP,
     VLARB_CAP,
     EmulatedFabric,
@@ -91,30 +92,35 @@ def big_switch() -> Fabric:
 
 def test_pkey_defaults_and_sizes_from_partition_caps() -> None:
     emu = EmulatedFabric(small())
-    # A CA port: NodeInfo.PartitionCap (128) P_Keys, 0xFFFF at index 0, as ibsim
-    assert NODE_INFO.unpack(get(emu, SmpAttr.NODE_INFO, TO_HOST1, 0)[1])["PartitionCap"] == CA_PARTITION_CAP == 128
+    # A CA port: NodeInfo.PartitionCap (64) P_Keys, 0xFFFF at index 0, as ibsim
+    assert NODE_INFO.unpack(get(emu, SmpAttr.NODE_INFO, TO_HOST1, 0)[1])["PartitionCap"] == CA_PARTITION_CAP == 64
     status, data = get(emu, SmpAttr.PKEY_TABLE, TO_HOST1, pkey_table_mod(0))
     assert status == OK and pkey_block_unpack(data).tolist() == [0xFFFF] + [0] * 31
-    for block in (1, 2, 3):
-        status, data = get(emu, SmpAttr.PKEY_TABLE, TO_HOST1, pkey_table_mod(block))
-        assert status == OK and data == bytes(64)
-    assert get(emu, SmpAttr.PKEY_TABLE, TO_HOST1, pkey_table_mod(4))[0] == INVALID
+    status, data = get(emu, SmpAttr.PKEY_TABLE, TO_HOST1, pkey_table_mod(1))
+    assert status == OK and data == bytes(64)
+    assert get(emu, SmpAttr.PKEY_TABLE, TO_HOST1, pkey_table_mod(2))[0] == INVALID
     assert get(emu, SmpAttr.PKEY_TABLE, TO_HOST1, pkey_table_mod(0xFFFF))[0] == INVALID
     table = emu.pkey_table(HOST1, 1)
-    assert table.dtype == np.uint16 and table.shape == (128,) and table[0] == 0xFFFF and not table[1:].any()
+    assert table.dtype == np.uint16 and table.shape == (64,) and table[0] == 0xFFFF and not table[1:].any()
     # Switch port 0: the switch's NodeInfo.PartitionCap (8); the rest of the block reads 0
     assert NODE_INFO.unpack(get(emu, SmpAttr.NODE_INFO, TO_LEAF0, 0)[1])["PartitionCap"] == SWITCH_PARTITION_CAP == 8
     status, data = get(emu, SmpAttr.PKEY_TABLE, TO_LEAF0, pkey_table_mod(0, 0))
     assert status == OK and pkey_block_unpack(data).tolist() == [0xFFFF] + [0] * 31
     assert get(emu, SmpAttr.PKEY_TABLE, TO_LEAF0, pkey_table_mod(1, 0))[0] == INVALID
     assert emu.pkey_table(LEAF0, 0).tolist() == [0xFFFF] + [0] * 7
-    # External ports: PartitionEnforcementCap 0 by default, so no table at all
+    # External ports: SwitchInfo.PartitionEnforcementCap (64, ibsim's) each
     si = SWITCH_INFO.unpack(get(emu, SmpAttr.SWITCH_INFO, TO_LEAF0, 0)[1])
-    assert si["PartitionEnforcementCap"] == 0
+    assert si["PartitionEnforcementCap"] == PARTITION_ENFORCEMENT_CAP == 64
     for port in (1, 4):
-        assert get(emu, SmpAttr.PKEY_TABLE, TO_LEAF0, pkey_table_mod(0, port))[0] == INVALID
-        assert emu.pkey_table(LEAF0, port).shape == (0,)
+        status, data = get(emu, SmpAttr.PKEY_TABLE, TO_LEAF0, pkey_table_mod(1, port))
+        assert status == OK and data == bytes(64)
+        assert get(emu, SmpAttr.PKEY_TABLE, TO_LEAF0, pkey_table_mod(2, port))[0] == INVALID
+        assert emu.pkey_table(LEAF0, port).shape == (64,)
     assert get(emu, SmpAttr.PKEY_TABLE, TO_LEAF0, pkey_table_mod(0, 5))[0] == INVALID  # no port 5
+    # With no enforcement cap, the external ports hold no table at all
+    emu = EmulatedFabric(small(), partition_enforcement_cap=0)
+    assert get(emu, SmpAttr.PKEY_TABLE, TO_LEAF0, pkey_table_mod(0, 1))[0] == INVALID
+    assert emu.pkey_table(LEAF0, 1).shape == (0,)
 
 
 def test_pkey_sizes_follow_other_caps_and_partial_blocks() -> None:
@@ -156,9 +162,9 @@ def test_pkey_set_round_trip_over_directed_route_and_lid() -> None:
     assert reply == (OK, pkey_block_pack(keys))
     new = [0x8005] * 32
     reply = answer(
-        emu.process(smp_lid(Method.SET, SmpAttr.PKEY_TABLE, pkey_table_mod(3), 6, pkey_block_pack(new)), lid)
+        emu.process(smp_lid(Method.SET, SmpAttr.PKEY_TABLE, pkey_table_mod(0), 6, pkey_block_pack(new)), lid)
     )
-    assert reply == (OK, pkey_block_pack(new)) and emu.pkey_table(HOST1, 1)[96:].tolist() == new
+    assert reply == (OK, pkey_block_pack(new)) and emu.pkey_table(HOST1, 1)[:32].tolist() == new
 
 
 def test_a_ca_answers_for_the_port_the_smp_arrived_on() -> None:
@@ -425,7 +431,8 @@ def test_tables_stay_small_on_the_k36_fat_tree() -> None:
     f = emu.fabric
     sw, host = int(f.switches[0]), int(f.cas[0])
     assert emu.mft(sw).shape == (MFT_CAP, 3) and emu.pkey_table(host, 1).shape == (CA_PARTITION_CAP,)
-    assert emu.pkey_table(sw, 0).shape == (SWITCH_PARTITION_CAP,) and emu.pkey_table(sw, 36).shape == (0,)
+    assert emu.pkey_table(sw, 0).shape == (SWITCH_PARTITION_CAP,)
+    assert emu.pkey_table(sw, 36).shape == (PARTITION_ENFORCEMENT_CAP,)
     held = sum(a.nbytes for a in (emu._pkeys, emu._sl2vl, emu._vlarb, emu._mft, emu._port_ix, emu._pkey_off))
     assert held < 48e6, held
     # every switch answers for its last port pair and MLID block

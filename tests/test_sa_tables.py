@@ -168,10 +168,11 @@ async def test_pkey_table_record_trusted_only() -> None:
         assert ans.status == SaStatus.ERR_REQ_INVALID == 0x0200 and ans.records == []
         ans = await r.ask(TABLE, SaAttr.PKEY_TABLE_RECORD, sm_key=1)
         assert ans.status == 0
-        # emulator: CA PartitionCap 128 -> 4 blocks; switch PartitionCap 8, no enforcement -> 1 block a port.
+        # emulator, as ibsim: CA PartitionCap 64 -> 2 blocks; switch port 0 PartitionCap 8 -> 1 block;
+        # external switch ports PartitionEnforcementCap 64 -> 2 blocks each.
         n_ca_ports = int(f.port_exists[f.cas, 1:].sum())
-        n_sw_ports = sum(int(f.nports[s]) + 1 for s in f.switches)
-        assert len(ans.records) == 4 * n_ca_ports + n_sw_ports
+        n_ext_ports = sum(int(f.nports[s]) for s in f.switches)
+        assert len(ans.records) == 2 * n_ca_ports + len(f.switches) + 2 * n_ext_ports
 
         ca = int(f.cas[0])
         mask = cm(SaAttr.PKEY_TABLE_RECORD, "LID", "BlockNum", "PortNum")
@@ -181,7 +182,7 @@ async def test_pkey_table_record_trusted_only() -> None:
         rec = PKEY_TABLE_RECORD.unpack(ans.records[0])
         assert (rec["LID"], rec["BlockNum"], rec["PortNum"]) == (int(f.lid[ca, 1]), 0, 1)
         assert ans.records[0][8:10] == b"\xff\xff" and set(ans.records[0][10:72]) == {0}
-        q = PKEY_TABLE_RECORD.pack({"LID": int(f.lid[ca, 1]), "BlockNum": 3, "PortNum": 1})
+        q = PKEY_TABLE_RECORD.pack({"LID": int(f.lid[ca, 1]), "BlockNum": 1, "PortNum": 1})
         ans = await r.ask(GET, SaAttr.PKEY_TABLE_RECORD, component_mask=mask, data=q, sm_key=1)
         assert ans.status == 0 and set(ans.records[0][8:72]) == {0}
         ans = await r.ask(GET, SaAttr.PKEY_TABLE_RECORD, component_mask=mask, data=q, sm_key=0)

@@ -57,6 +57,8 @@ SAMPLES: dict[str, Any] = {
     "sm.sm_key": 0x1234,
     "sm.poll_interval": 0.5,
     "sm.poll_retries": 5,
+    "sm.partitions": "/etc/opensm/partitions.conf",
+    "sm.part_enforce": "in",
     "perfmgr.enabled": False,
     "perfmgr.interval": 0.5,
     "congestion.pattern": "all-to-all",

@@ -13,6 +13,7 @@ from fabric.errors import IbfmError
 from ibfm.commands._args import DEFAULT_CHAIN, engine_chain, number_in
 from sm.analysis.dump import format_lfts
 from sm.analysis.query import describe_route, format_route
+from sm.partitions.config import load_partitions
 from sm.sa.services import serve_port
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
 from sm.transport.base import TransportStats, WindowedTransport
@@ -55,6 +56,18 @@ def add_fabric_args(p: argparse.ArgumentParser, *, umad: bool = True) -> None:
     p.add_argument("--lmc", type=_lmc, default=0, help="LID mask control, 0..2")
     p.add_argument("--guid2lid", type=Path, metavar="FILE", help="guid2lid file kept across runs")
     p.add_argument("--root-guid", type=_guid, action="append", default=[], help="root switch GUID (repeatable)")
+    p.add_argument(
+        "--partitions",
+        type=Path,
+        metavar="FILE",
+        help="partitions file in OpenSM's partitions.conf syntax (default: every port a full member of 0x7fff)",
+    )
+    p.add_argument(
+        "--part-enforce",
+        choices=("both", "in", "out", "off"),
+        default="both",
+        help="partition enforcement on switch ports facing CAs (default both, as OpenSM)",
+    )
 
 
 def register(sub: Any) -> None:
@@ -94,6 +107,8 @@ def config_from_args(args: argparse.Namespace) -> SmConfig:
         guid2lid=args.guid2lid,
         root_guids=tuple(args.root_guid),
         sm_priority=getattr(args, "sm_priority", 0),
+        partitions=load_partitions(args.partitions) if args.partitions is not None else None,
+        part_enforce=args.part_enforce,
     )
 
 
@@ -114,10 +129,11 @@ def open_transport(args: argparse.Namespace) -> WindowedTransport:
 
 async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportStats]:
     """One heavy sweep; the snapshot and what the transport counted (SMPs, retries, resends)."""
+    config = config_from_args(args)  # a bad partitions file stops us here, before any MAD
     transport = open_transport(args)
     try:
         transport.start()
-        manager = FabricManager(transport, config_from_args(args))
+        manager = FabricManager(transport, config)
         serve_port(transport, manager)  # peers' SMInfo and hosts' SA queries are answered meanwhile
         return await manager.heavy_sweep(), transport.stats
     finally:
@@ -148,8 +164,11 @@ def summary(snap: SubnetSnapshot, stats: TransportStats | None = None) -> dict[s
             "lft_blocks_sent": snap.program.blocks_sent,
             "lft_blocks_unchanged": snap.program.blocks_skipped,
             "ports_active": snap.program.activated,
+            "pkey_blocks_sent": snap.program.pkey_blocks_sent,
+            "pkey_blocks_unchanged": snap.program.pkey_blocks_skipped,
             "failures": snap.program.failures,
         },
+        "partitions": _partitions_summary(snap),
         "discovery_errors": snap.discovery.errors,
         "lid_warnings": list(snap.lid_warnings),
         "smps": snap.smps,
@@ -201,6 +220,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
 
     from sm.sweep.events import SweepDone
 
+    config = dataclasses.replace(config_from_args(args), sweep_interval=args.sweep_interval)
     transport = open_transport(args)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -208,7 +228,6 @@ async def run_daemon(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         transport.start()
-        config = dataclasses.replace(config_from_args(args), sweep_interval=args.sweep_interval)
         manager = FabricManager(transport, config)
         serve_port(transport, manager)
 
@@ -229,6 +248,20 @@ async def run_daemon(args: argparse.Namespace) -> int:
             loop.remove_signal_handler(sig)
         await transport.close()
     return 0
+
+
+def _partitions_summary(snap: SubnetSnapshot) -> dict[str, Any]:
+    plan = snap.partitions
+    if plan is None or plan.config is None:
+        return {}
+    return {
+        "source": plan.config.source,
+        "partitions": [
+            {"name": p.name, "pkey": f"{p.pkey:#06x}", "members": len(plan.members(p.pkey)), "ipoib": p.ipoib}
+            for p in plan.config.partitions
+        ],
+        "problems": list(plan.problems),
+    }
 
 
 def cmd_sm(args: argparse.Namespace) -> int:

@@ -116,6 +116,8 @@ class PartitionPlan:
     membership: Mapping[int, npt.NDArray[np.uint8]]
     """15-bit P_Key -> per end port: bit 0 limited member, bit 1 full member."""
     allow_both_pkeys: bool = False
+    config: PartitionConfig | None = None
+    """The configuration planned (what the partitions' names and flags come from)."""
 
     def members(self, pkey: int) -> dict[Port, bool]:
         """(node, port) -> full member?, for the ports in partition ``pkey`` (its low 15 bits)."""
@@ -252,7 +254,9 @@ def plan_partitions(
     enforcement = _switch_ports(fabric, tables, part_enforce, enforcement_caps, problems)
 
     ipoib = tuple(p for p in config.partitions if p.ipoib and p.pkey in membership)
-    return PartitionPlan(tables, enforcement, port_keys, problems, ipoib, eps, membership, allow_both_pkeys)
+    return PartitionPlan(
+        tables, enforcement, port_keys, problems, ipoib, eps, membership, allow_both_pkeys, config=config
+    )
 
 
 def _map_order(pkey: int) -> int:

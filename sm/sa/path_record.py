@@ -103,11 +103,21 @@ def rate_code(width: int, speed: int) -> int:
 def pair_pkey(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], requested: int | None) -> int | None:
     """The P_Key of paths between two end ports, or None when they share none (or not ``requested``).
 
-    Hook for partitions (issue 16): today every port is a full member of the default partition.
+    As OpenSM's ``pr_rcv_get_path_parms``: with a P_Key asked for, that key as asked when both
+    ports hold it (a full member on at least one side), else no path; without, the first key
+    they share in the source's table (``osm_physp_find_common_pkey``). A snapshot without a
+    partition plan: every port a full member of the default partition.
     """
+    plan = getattr(ctx.snapshot, "partitions", None)
+    if plan is None:
+        if requested is None:
+            return DEFAULT_PKEY
+        return requested if requested & 0x7FFF == 0x7FFF else None
+    shared = plan.shared(src, dst)
     if requested is None:
-        return DEFAULT_PKEY
-    return requested if requested & 0x7FFF == 0x7FFF else None
+        return shared[0] if shared else None
+    base = requested & 0x7FFF
+    return requested if any(k & 0x7FFF == base for k in shared) else None
 
 
 def pair_sl(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], pkey: int) -> int:
@@ -598,7 +608,11 @@ class PathRecordFamily:
         # pkey / SL hooks, per port pair
         pkeys = np.full(K * Q, DEFAULT_PKEY, np.int64)
         sls = np.zeros(K * Q, np.int64)
-        uniform = pair_pkey is _DEFAULT_HOOKS[0] and pair_sl is _DEFAULT_HOOKS[1]
+        uniform = (
+            pair_pkey is _DEFAULT_HOOKS[0]
+            and pair_sl is _DEFAULT_HOOKS[1]
+            and getattr(ctx.snapshot, "partitions", None) is None
+        )
         for k in range(1 if uniform else K):  # the default hooks answer the same for every pair
             sp = (int(b.ep_node[src[k]]), int(b.ep_port[src[k]]))
             dp = (int(b.ep_node[dst[k]]), int(b.ep_port[dst[k]]))

@@ -90,12 +90,22 @@ def vlarb_blocks(snapshot: Any, nodes: Ints, ports: Ints, blocks: Ints) -> Rows:
 
 
 def pkey_blocks(snapshot: Any, nodes: Ints, ports: Ints, blocks: Ints) -> Rows:
-    """The P_KeyTable block (64 bytes: 32 P_Keys) of each (node, port, block): the default
-    partition, full member P_Key 0xFFFF at index 0 of every port, the rest 0."""
+    """The P_KeyTable block (64 bytes: 32 P_Keys) of each (node, port, block): the table the
+    snapshot's partition plan gave the port; a port it gave none (a switch port between
+    switches) or a snapshot without a plan: full member P_Key 0xFFFF at index 0, the rest 0."""
     out = np.zeros((nodes.size, 64), np.uint8)
-    first = blocks == 0
-    out[first, 0] = DEFAULT_PKEY >> 8
-    out[first, 1] = DEFAULT_PKEY & 0xFF
+    plan = getattr(snapshot, "partitions", None)
+    tables = plan.tables if plan is not None else {}
+    default = np.zeros(PKEYS_PER_BLOCK, ">u2")
+    default[0] = DEFAULT_PKEY
+    for i, (n, p, b) in enumerate(zip(nodes.tolist(), ports.tolist(), blocks.tolist(), strict=True)):
+        table = tables.get((n, p))
+        if table is None:
+            if b == 0:
+                out[i] = default.view(np.uint8)
+            continue
+        keys = np.asarray(table[b * PKEYS_PER_BLOCK : (b + 1) * PKEYS_PER_BLOCK], ">u2")
+        out[i, : 2 * keys.size] = keys.view(np.uint8)
     return out
 
 

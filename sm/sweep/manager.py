@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Iterator
@@ -37,6 +38,8 @@ from sm.analysis.verify import VerifyReport, verify_routes
 from sm.election.elector import Elector, Role
 from sm.lidmap import LidMap
 from sm.links import LinkPlan, apply_link_plan, plan_links
+from sm.partitions.config import PartitionConfig, default_partitions
+from sm.partitions.plan import PartitionPlan, plan_partitions
 from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, RoutingResult, make_engine, route
 from sm.sweep.discover import Discovery, discover
 from sm.sweep.events import (
@@ -56,7 +59,7 @@ from sm.sweep.events import (
 from sm.sweep.lids import LidManager
 from sm.sweep.light import FlapDamper, apply_changes, hold_down, light_sweep
 from sm.sweep.offload import Emit, Offload
-from sm.sweep.program import HeldLfts, ProgramReport, program_fabric
+from sm.sweep.program import HeldLfts, HeldPkeys, ProgramReport, program_fabric
 from sm.transport.base import WindowedTransport
 
 log = logging.getLogger("ibfm.sm")
@@ -118,6 +121,10 @@ class SmConfig:
     """Seconds between a standby's polls of the master."""
     sm_poll_retries: int = 3
     """Polls retried at once before a silent master is taken to be gone."""
+    partitions: PartitionConfig | None = None
+    """The partitions file, parsed; None: OpenSM's default (every port a full member of 0x7fff)."""
+    part_enforce: str = "both"
+    """Partition enforcement on switch ports facing CAs: both, in, out or off (OpenSM's part_enforce)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,9 @@ class SubnetSnapshot:
     duration_s: float = 0.0
     """Seconds (monotonic) from the start of the pipeline to its end (routes verified, credit loops
     checked)."""
+    partitions: PartitionPlan | None = None
+    """Every port's P_Key table and partition memberships (what PathRecords and PKeyTableRecords
+    answer from); None only in snapshots built outside a sweep."""
 
     def __repr__(self) -> str:
         # Short: the generated repr walks every PortInfo dict of the discovery (seconds on a large
@@ -210,6 +220,9 @@ class FabricManager:
         """SMInfo and the election: whether this SM may write to the fabric."""
         transport.trap_peek = self._peek_trap
         self.held: HeldLfts = {}
+        self.held_pkeys: HeldPkeys = {}
+        self.no_enforcement: set[tuple[int, int]] = set()
+        """Switch ports (node GUID, port) that do not keep partition enforcement: not asked again."""
         self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
         for name in self.config.engines:  # loaded here once, not in every sweep's forked child
@@ -244,6 +257,12 @@ class FabricManager:
         )
 
     # -- triggers ---------------------------------------------------------------
+
+    def set_partitions(self, partitions: PartitionConfig | None) -> None:
+        """Use ``partitions`` from the next sweep on (a heavy one, asked for here): the P_Key table blocks
+        that change, and only those, are sent; every port keeps the indexes of the keys it keeps."""
+        self.config = dataclasses.replace(self.config, partitions=partitions)
+        self.request_sweep("partitions", heavy=True)
 
     def request_sweep(self, reason: str, *, heavy: bool = False) -> None:
         """Ask for a sweep soon (traps, the API, a timer); requests merge into one."""
@@ -554,6 +573,8 @@ class FabricManager:
             guid = int(fabric.node_guid[n])
             if guid not in known or not d.switch_info.get(n, {}).get("LinearFDBTop"):
                 self.held.pop(guid, None)
+        with stage("partitions"):
+            parts = self._plan_partitions(d)
         options = RoutingOptions(root_guids=cfg.root_guids)
         check_loops = cfg.check_credit_loops
 
@@ -606,7 +627,17 @@ class FabricManager:
                     subnet_prefix=cfg.subnet_prefix,
                     held=self.held,
                     reregister=reregister,
+                    pkeys=parts.tables,
+                    enforce=self._enforcement(fabric, parts),
+                    held_pkeys=self.held_pkeys,
                 )
+            if prog.enforcement_refused:
+                self.no_enforcement.update(prog.enforcement_refused)
+                log.warning(
+                    "%d switch ports read partition enforcement back as not set (e.g. %s): left off there",
+                    len(prog.enforcement_refused), fabric.port_name(fabric.by_guid(prog.enforcement_refused[0][0]),
+                                                                    prog.enforcement_refused[0][1]),
+                )  # fmt: skip
             programmed_at, up_s = time.time(), time.perf_counter() - t_start
             off.hurry()  # nothing left to slow down: the checks get the CPU
             # Checked while the blocks went out, so a repair reaches the switches first.
@@ -635,9 +666,43 @@ class FabricManager:
             started_at=started_at,
             up_s=up_s,
             duration_s=time.perf_counter() - t_start,
+            partitions=parts,
         )
         self.snapshot = snap
         return snap
+
+    def _enforcement(self, f: Fabric, plan: PartitionPlan) -> dict[tuple[int, int], tuple[int, int]]:
+        """The plan's enforcement, but off on the ports known not to keep it."""
+        if not self.no_enforcement:
+            return dict(plan.enforcement)
+        guid = f.node_guid
+        return {
+            (n, p): (0, 0) if (int(guid[n]), p) in self.no_enforcement else v for (n, p), v in plan.enforcement.items()
+        }
+
+    def _plan_partitions(self, d: Discovery) -> PartitionPlan:
+        """Each port's P_Key table and the switch ports' enforcement, from the partitions file.
+
+        Keys a port held after the last sweep keep their indexes; a port the model has not seen
+        since (a new node, or one that power-cycled) is planned afresh. Tables clipped by a cap,
+        and members the fabric lacks, are logged (once per sweep, as a count beyond a few)."""
+        cfg = self.config
+        f = d.fabric
+        prev = self.snapshot.partitions if self.snapshot is not None else None
+        plan = plan_partitions(
+            cfg.partitions if cfg.partitions is not None else default_partitions(),
+            f,
+            sm_port=(d.sm_node, d.sm_port),
+            part_enforce=cfg.part_enforce,
+            previous=prev,
+            partition_caps={n: int(ni.get("PartitionCap", 0)) for n, ni in d.node_info.items()},
+            enforcement_caps={n: int(si.get("PartitionEnforcementCap", 0)) for n, si in d.switch_info.items()},
+        )
+        for p in plan.problems[:5]:
+            log.warning("partitions: %s", p)
+        if len(plan.problems) > 5:
+            log.warning("partitions: %d more problems", len(plan.problems) - 5)
+        return plan
 
 
 _NodeKind = Literal["switch", "ca", "router"]

@@ -13,6 +13,12 @@ stages 1 to 3 run side by side, stage 4 after them:
    and 2 go out meanwhile, as neither needs the routes;
 4. ports ARMED -> ACTIVE (the Set of stage 1 armed them), once the LFTs are in.
 
+Beside stages 1 to 3, with a partition plan: P_KeyTable blocks of every end port
+and of the switch ports facing CAs that enforce partitions (only the blocks that
+differ from what the port holds as far as we know: a port seen for the first time
+gets every block its table has room for, so nothing stale stays), and stage 1
+sets PartitionEnforcementInbound/Outbound where the plan says.
+
 Every Set is checked against its GetResp. A failure names the switch (or
 port) and block; the block is left out of ``held`` so the next sweep sends
 it again, and the rest goes on.
@@ -21,14 +27,15 @@ it again, and the rest goes on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+import functools
+from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from fabric.mad import LFT_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, Method, SmpAttr
+from fabric.mad import LFT_BLOCK_SIZE, PKEY_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, Method, SmpAttr, pkey_table_mod
 from fabric.model import NodeType, PortState
 from sm.lidmap import LidMap
 from sm.links import LinkPlan
@@ -39,6 +46,9 @@ from sm.transport.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_ba
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
 """Switch node GUID -> the LFT it holds as far as we know (NO_ROUTE where unknown/empty)."""
+HeldPkeys = dict[tuple[int, int], npt.NDArray[np.uint16]]
+"""(node GUID, port number) -> the P_Key table the port holds as far as we know (its whole size)."""
+Port = tuple[int, int]
 
 
 @dataclass
@@ -51,6 +61,12 @@ class ProgramReport:
     activated: int = 0
     reregistered: int = 0
     """End ports told to re-register (PortInfo.ClientReregister)."""
+    enforcement_refused: list[tuple[int, int]] = field(default_factory=list)
+    """Switch ports (node GUID, port) that read partition enforcement back other than it was set."""
+    enforcement_sets: int = 0
+    """PortInfo Sets that changed partition enforcement and nothing else."""
+    pkey_blocks_sent: int = 0
+    pkey_blocks_skipped: int = 0
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -81,6 +97,9 @@ _STATE_MASK = np.full(PORT_INFO.size, 0xFF, np.uint8)
 _STATE_MASK[32], _STATE_MASK[33] = 0xF0, 0x0F
 _ONE_SHOT = frozenset({"ClientReregister"})
 """Fields a Set carries once and the port does not hold afterwards (not compared with the answer)."""
+_ADVISORY = frozenset({"PartitionEnforcementInbound", "PartitionEnforcementOutbound"})
+"""Fields a device may not keep (ibsim's switches read enforcement back as 0): a port that does not
+take them is reported in ``ProgramReport.enforcement_refused``, not as a failure."""
 _REREG_CAP = 1 << 25
 """PortInfo.CapabilityMask.IsClientReregistrationSupported."""
 """PortInfo bits a Set is not echoed in: PortState (byte 32 low nibble) and PortPhysicalState
@@ -99,6 +118,9 @@ async def program_fabric(
     held: HeldLfts | None = None,
     activate: bool = True,
     reregister: bool = False,
+    pkeys: Mapping[Port, tuple[int, ...]] | None = None,
+    enforce: Mapping[Port, tuple[int, int]] | None = None,
+    held_pkeys: HeldPkeys | None = None,
 ) -> ProgramReport:
     """Push the plan into the fabric; updates ``held`` with what the switches now hold.
 
@@ -111,10 +133,15 @@ async def program_fabric(
     ``reregister`` (a new master's first sweep) sets PortInfo.ClientReregister
     on every end port that supports it, so hosts join their multicast groups
     and subscribe again; a port that gets a new LID or master gets it anyway.
+
+    ``pkeys``: (node, port) -> the P_Key table that port must hold (end ports, and switch ports
+    facing CAs that enforce); ``enforce``: switch port -> (inbound, outbound) enforcement, every
+    other switch port enforcing nothing; ``held_pkeys`` is updated as ``held``. None: P_Keys and
+    enforcement are left as they are.
     """
     rep = ProgramReport()
     known = held if held is not None else {}
-    plan = _plan_port_infos(d, lids, links, sm_lid, subnet_prefix, reregister=reregister)
+    plan = _plan_port_infos(d, lids, links, sm_lid, subnet_prefix, reregister=reregister, enforce=enforce)
     lowers_top = any(
         int(si.get("LinearFDBTop", 0)) > lids.max_lid for n, si in d.switch_info.items() if d.fabric.is_switch(n)
     )
@@ -127,11 +154,14 @@ async def program_fabric(
         table = lft if isinstance(lft, np.ndarray) else await lft
         await _set_blocks(transport, d, table, known, rep)
 
-    await _all(
+    steps = [
         _set_port_infos(transport, d, lids, links, plan, rep),
         _set_fdb_tops(transport, d, lids.max_lid, rep),
         routes(),
-    )
+    ]
+    if pkeys is not None:
+        steps.append(_set_pkey_tables(transport, d, pkeys, held_pkeys if held_pkeys is not None else {}, rep))
+    await _all(*steps)
     if activate:
         await _activate(transport, d, rep)
     return rep
@@ -160,6 +190,7 @@ async def _port_info_sets(
     ports: npt.NDArray[np.intp],
     fields: Fields,
     what: str,
+    refused: list[tuple[int, int]] | None = None,
 ) -> tuple[npt.NDArray[np.bool_], list[str]]:
     """PortInfo Set of ``fields`` over what each (node, port) holds; (taken per row, failures).
 
@@ -204,16 +235,13 @@ async def _port_info_sets(
         want_state[rows] = values[rows]
     _PORT_INFO.patch_rows(data, "PortPhysicalState", range(n), [0] * n)
     _PORT_INFO.patch_rows(data, "PortState", range(n), want_state.tolist())
-    set_bytes = np.zeros(PORT_INFO.size, bool)
     for name, (rows, values) in fields.items():
         if name in _NO_CHANGE:
             continue
         at = np.flatnonzero(rows)
         _PORT_INFO.patch_rows(data, name, at.tolist(), values[at].tolist())
-        if name not in _ONE_SHOT:
-            set_bytes[[j for j in range(PORT_INFO.size) if name in _PORT_INFO.fields_at(j)]] = True
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, which, mods, data)
-    set_mask = _STATE_MASK & np.where(set_bytes, 0xFF, 0).astype(np.uint8)
+    set_mask = _STATE_MASK & _bits_of(frozenset(fields).difference(_NO_CHANGE, _ONE_SHOT, _ADVISORY))
     if res.errors:
         await _reread_refused(transport, routes, which, mods, data, want_state, set_mask, res)
     failures = [
@@ -228,12 +256,26 @@ async def _port_info_sets(
         names = [name for name, (rows, _) in fields.items() if rows[r] and name not in _ONE_SHOT]
         got = _PORT_INFO.get_fields(blob[r * size : (r + 1) * size], names)
         bad = {name: (int(fields[name][1][r]), got[name]) for name in names if got[name] != fields[name][1][r]}
+        if refused is not None and bad.keys() & _ADVISORY:
+            refused.append((int(f.node_guid[node_l[r]]), port_l[r]))
+        bad = {k: v for k, v in bad.items() if k not in _ADVISORY}
         taken[r] = not bad
         if bad:
             failures.append(f"{f.port_name(node_l[r], port_l[r])}: PortInfo Set {what} not taken: {bad}")
     # Later Sets build on what the ports now hold.
     d.port_info.update_raw((keys[r], blob[r * size : (r + 1) * size]) for r in np.flatnonzero(res.ok).tolist())
     return taken, failures
+
+
+@functools.cache
+def _bits_of(names: frozenset[str]) -> npt.NDArray[np.uint8]:
+    """The PortInfo bits of the fields ``names``, as a byte mask (fields may share a byte)."""
+    mask = np.zeros(PORT_INFO.size, np.uint8)
+    for name in names:
+        fld = PORT_INFO.field(name)
+        if fld.width <= 64:
+            mask |= np.frombuffer(PORT_INFO.pack({name: (1 << fld.width) - 1}), np.uint8)
+    return mask
 
 
 async def _reread_refused(
@@ -278,6 +320,8 @@ _HELD = (
     "OperationalVLs",
     "PortState",
     "CapabilityMask",
+    "PartitionEnforcementInbound",
+    "PartitionEnforcementOutbound",
 )
 """PortInfo fields stage 1 compares with the plan."""
 
@@ -291,16 +335,27 @@ class _PortPlan:
     fields: Fields
     live: bool
     """Some Set changes a port in use: a LID or LMC that is not 0, or the master SM of an ACTIVE port."""
+    enforcement_only: npt.NDArray[np.bool_] | None = None
+    """Rows whose Set only changes partition enforcement (counted apart: ibsim never keeps it)."""
 
 
 def _plan_port_infos(
-    d: Discovery, lids: LidMap, links: LinkPlan, sm_lid: int, prefix: int, *, reregister: bool = False
+    d: Discovery,
+    lids: LidMap,
+    links: LinkPlan,
+    sm_lid: int,
+    prefix: int,
+    *,
+    reregister: bool = False,
+    enforce: Mapping[Port, tuple[int, int]] | None = None,
 ) -> _PortPlan:
     """LID, LMC, MasterSMLID (MasterSMSL 0) and GID prefix on end ports; INIT -> ARMED, with
     NeighborMTU and OperationalVLs, on trained links. A port already ACTIVE keeps its MTU and VLs
     until its link trains again (OpenSM likewise sets them while arming). ClientReregister goes to
     end ports that get a new LID or master, and with ``reregister`` to every end port (as OpenSM
-    does on a new master's first sweep), where CapabilityMask says the port supports it."""
+    does on a new master's first sweep), where CapabilityMask says the port supports it. With
+    ``enforce``, switch ports get PartitionEnforcementInbound/Outbound as it says (0 where it says
+    nothing)."""
     f = d.fabric
     up = f.up_mask()
     endport = np.zeros_like(up)
@@ -330,8 +385,20 @@ def _plan_port_infos(
     live = bool((relid & (held["LID"] != 0)).any() or (resm & (held["PortState"] == PortState.ACTIVE)).any())
     can_rereg = endport & ((held["CapabilityMask"] & np.uint64(_REREG_CAP)) != 0)
     rereg = can_rereg & (relid | resm | (endport if reregister else False))
-    cn, cp = np.nonzero(read & (relid | resm | armable | rereg))
+    want_in = np.zeros(up.shape, np.uint64)
+    want_out = np.zeros(up.shape, np.uint64)
+    sw_port = np.zeros_like(up)
+    if enforce is not None:
+        sw_port[f.switches, 1:] = True
+        for (n, p), (i, o) in enforce.items():
+            want_in[n, p], want_out[n, p] = i, o
+    reenf = sw_port & read & (
+        (held["PartitionEnforcementInbound"] != want_in) | (held["PartitionEnforcementOutbound"] != want_out)
+    )
+    other = relid | resm | armable | rereg
+    cn, cp = np.nonzero(read & (other | reenf))
     is_end, has_mtu, arm = endport[cn, cp], (armable & (links.mtu != 0))[cn, cp], armable[cn, cp]
+    enf = sw_port[cn, cp]
     k = cn.size
     fields: Fields = {
         "LID": (is_end, lids.base[cn, cp].astype(np.int64)),
@@ -343,8 +410,10 @@ def _plan_port_infos(
         "NeighborMTU": (has_mtu, links.mtu[cn, cp].astype(np.int64)),
         "OperationalVLs": (has_mtu, links.op_vls[cn, cp].astype(np.int64)),
         "PortState": (arm, np.full(k, int(PortState.ARMED), np.int64)),
+        "PartitionEnforcementInbound": (enf, want_in[cn, cp].astype(np.int64)),
+        "PartitionEnforcementOutbound": (enf, want_out[cn, cp].astype(np.int64)),
     }
-    return _PortPlan(cn, cp, fields, live)
+    return _PortPlan(cn, cp, fields, live, enforcement_only=~other[cn, cp])
 
 
 async def _set_port_infos(
@@ -353,9 +422,11 @@ async def _set_port_infos(
     """Stage 1: the planned PortInfo Sets, and what the ports then hold into the model."""
     f = d.fabric
     cn, cp, fields = plan.nodes, plan.ports, plan.fields
-    ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "config")
+    ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "config", rep.enforcement_refused)
     rep.failures += failures
-    rep.port_sets += int(ok.sum())
+    enf = plan.enforcement_only if plan.enforcement_only is not None else np.zeros(ok.size, bool)
+    rep.port_sets += int((ok & ~enf).sum())
+    rep.enforcement_sets += int((ok & enf).sum())
     rep.reregistered += int(fields["ClientReregister"][0][ok].sum())
     n, p = cn[ok], cp[ok]
     m = fields["LID"][0][ok]
@@ -367,6 +438,109 @@ async def _set_port_infos(
     m = fields["PortState"][0][ok]
     f.state[n[m], p[m]] = int(PortState.ARMED)
     rep.armed += int(m.sum())
+
+
+def pkey_room(d: Discovery, node: int, port: int) -> int:
+    """Entries of the P_Key table of (node, port): NodeInfo.PartitionCap for a CA port or switch port 0,
+    SwitchInfo.PartitionEnforcementCap for a switch's external port (0: it holds none)."""
+    f = d.fabric
+    if f.is_switch(node) and port:
+        return int(d.switch_info.get(node, {}).get("PartitionEnforcementCap", 0))
+    return int(d.node_info.get(node, {}).get("PartitionCap", 0))
+
+
+async def _set_pkey_tables(
+    transport: WindowedTransport, d: Discovery, tables: Mapping[Port, tuple[int, ...]], held: HeldPkeys,
+    rep: ProgramReport,
+) -> None:  # fmt: skip
+    """P_KeyTable Sets of the blocks of each port's table that differ from what it holds.
+
+    A port we hold nothing for (a new one, or a new ibfm process) is read first, every block its
+    table has room for, as OpenSM does: a second run over a configured fabric writes nothing, and
+    keys another SM left beyond our table are cleared. A block whose read fails is sent."""
+    f = d.fabric
+    routes: list[Path] = list(d.paths)
+    extra: dict[Path, int] = {}
+
+    def route_of(node: int, port: int) -> tuple[int, int]:
+        """(index into ``routes``, port for the modifier): a CA answers for the port the SMP came in on."""
+        if f.is_switch(node):
+            return node, port
+        path = d.port_paths.get((node, port), d.paths[node])
+        if path == d.paths[node]:
+            return node, 0
+        k = extra.get(path)
+        if k is None:
+            k = extra[path] = len(routes)
+            routes.append(path)
+        return k, 0
+
+    plans: list[tuple[int, int, npt.NDArray[np.uint16], npt.NDArray[np.uint16], int, int]] = []
+    unknown: list[tuple[int, int, int]] = []  # (plan index, route, modifier port)
+    for (node, port), table in tables.items():
+        room = pkey_room(d, node, port)
+        nblocks = -(-room // PKEY_BLOCK_SIZE)
+        if not nblocks:
+            if any(table):
+                rep.failures.append(f"{f.port_name(node, port)}: holds no P_Key table; {len(table)} keys not set")
+            continue
+        want = np.zeros(nblocks * PKEY_BLOCK_SIZE, np.uint16)
+        keys = np.asarray(table[: want.size], np.uint16)
+        want[: keys.size] = keys
+        if len(table) > want.size and any(table[want.size :]):
+            rep.failures.append(f"{f.port_name(node, port)}: P_Key table of {len(table)} beyond its {room} entries")
+        hkey = (int(f.node_guid[node]), port)
+        cur = held.get(hkey)
+        route, mod_port = route_of(node, port)
+        if cur is None or cur.size != want.size:
+            cur = held[hkey] = want ^ np.uint16(1)  # unknown: differs from what we would send, until read
+            unknown.append((len(plans), route, mod_port))
+        plans.append((node, port, want, cur, route, mod_port))
+    if unknown:
+        which, mods, where = [], [], []
+        for k, route, mod_port in unknown:
+            for b in range(plans[k][2].size // PKEY_BLOCK_SIZE):
+                which.append(route)
+                mods.append(pkey_table_mod(b, mod_port))
+                where.append((k, b))
+        got = await smp_batch_dr(transport, Method.GET, SmpAttr.PKEY_TABLE, routes, np.array(which, np.intp),
+                                 np.array(mods, np.int64))  # fmt: skip
+        blocks = got.data[:, : 2 * PKEY_BLOCK_SIZE].copy().view(">u2").astype(np.uint16)
+        for j in np.flatnonzero(got.ok).tolist():
+            k, b = where[j]
+            plans[k][3][b * PKEY_BLOCK_SIZE : (b + 1) * PKEY_BLOCK_SIZE] = blocks[j]
+    which_l: list[int] = []
+    mods_l: list[int] = []
+    datas: list[npt.NDArray[np.uint16]] = []
+    targets: list[tuple[int, int, int, npt.NDArray[np.uint16]]] = []  # (node, port, block, held table)
+    for node, port, want, cur, route, mod_port in plans:
+        nblocks = want.size // PKEY_BLOCK_SIZE
+        changed = np.flatnonzero((want != cur).reshape(nblocks, PKEY_BLOCK_SIZE).any(axis=1))
+        rep.pkey_blocks_skipped += nblocks - changed.size
+        for b in changed.tolist():
+            which_l.append(route)
+            mods_l.append(pkey_table_mod(b, mod_port))
+            datas.append(want[b * PKEY_BLOCK_SIZE : (b + 1) * PKEY_BLOCK_SIZE])
+            targets.append((node, port, b, cur))
+    if not datas:
+        return
+    data = np.stack(datas).astype(">u2").view(np.uint8).reshape(len(datas), 2 * PKEY_BLOCK_SIZE)
+    res = await smp_batch_dr(transport, Method.SET, SmpAttr.PKEY_TABLE, routes, np.array(which_l, np.intp),
+                             np.array(mods_l, np.int64), data)  # fmt: skip
+    good = res.ok & (res.data[:, : data.shape[1]] == data).all(axis=1)
+    rep.pkey_blocks_sent += int(good.sum())
+    for j, (node, port, b, cur) in enumerate(targets):
+        lo = b * PKEY_BLOCK_SIZE
+        if good[j]:
+            cur[lo : lo + PKEY_BLOCK_SIZE] = datas[j]
+            continue
+        err = res.errors.get(j)
+        if err is not None:
+            rep.failures.append(f"{f.port_name(node, port)}: P_KeyTable block {b} Set failed: {err}")
+            cur[lo] = datas[j][0] ^ 1  # unknown: sent again next sweep
+        else:
+            rep.failures.append(f"{f.port_name(node, port)}: P_KeyTable block {b} reads back different")
+            cur[lo : lo + PKEY_BLOCK_SIZE] = res.data[j, : data.shape[1]].copy().view(">u2")
 
 
 async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, rep: ProgramReport) -> None:
