@@ -35,6 +35,20 @@ ibsim's do (see :class:`EmulatedFabric`); :meth:`EmulatedFabric.pkey_table`,
 queue a trap 128 (a LID-routed Notice toward the switch's MasterSMLID) in
 :attr:`traps` when the switch has a LID and its LFTs lead to the SM.
 
+M_Key protection (IBA 14.2.4) is enforced by the SMA an SMP is addressed to
+(a CA port, or a switch's port 0 for any port of the switch); switches that
+only forward a directed-route SMP do not look at it. An SMP passes the check
+when its M_Key (header bytes 24-31) equals the port's M_Key or that is 0.
+When it does not: M_KeyProtectBits 0 lets Gets through and fails Sets; 1
+lets Gets through with PortInfo's M_Key read as 0 and fails Sets; 2 and 3
+fail both. A failed SMP is dropped (the requester times out), counts in
+PortInfo.M_KeyViolations, sends trap 256 (bad M_Key) to the port's
+MasterSMLID and starts the M_KeyLeasePeriod timer if it is not running; an
+SMP that passes stops the timer; when it runs out the port's protect bits
+fall to 0, so a Get shows the M_Key again. Time is :attr:`EmulatedFabric.clock`.
+While no end port holds a non-zero M_Key (:attr:`EmulatedFabric.m_key_checking`
+false) SMPs take no M_Key step at all.
+
 As on hardware: the SM's port needs a LID before any LID-routed MAD leaves
 it; a switch delivers a DLID in its own LID range to itself without looking
 at its LFT; a PortInfo Set of PortState DOWN makes the link drop and retrain
@@ -46,8 +60,9 @@ everything at once, as if an SM had swept (for tests of later stages).
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol, TypeVar
@@ -83,6 +98,7 @@ from fabric.mad import (
     PerfAttr,
     PerfCap,
     PortCap,
+    ProducerType,
     SmpAttr,
     SmState,
     make_response,
@@ -90,6 +106,7 @@ from fabric.mad import (
     parse_mad,
     sl2vl_unpack,
     trap128_pack,
+    trap256_pack,
     trap_mad,
 )
 from fabric.model import (
@@ -176,6 +193,15 @@ _LSE_ACT = [0] + [SPEED_TO_PORTINFO[s][1] for s in Speed]
 _PI_LOCAL_PORT = PORT_INFO.field("LocalPortNum").offset // 8
 _NI_PORT_GUID = NODE_INFO.field("PortGUID").offset // 8
 _NI_LOCAL_PORT = NODE_INFO.field("LocalPortNum").offset // 8
+_PI_M_KEY_END = (PORT_INFO.field("M_Key").offset + 64) // 8
+_M_KEY_VIOLATIONS_MAX = PORT_INFO.field("M_KeyViolations").max_value
+
+# M_Key check outcomes (IBA 14.2.4.1, C14-16)
+_MKEY_PASS = 0
+_MKEY_HIDE = 1
+"""A Get that fails the check at protection level 1: answered, PortInfo.M_Key read as 0."""
+_MKEY_FAIL = 2
+"""Dropped: counted in M_KeyViolations, trap 256, the lease timer started."""
 
 _HANDED_ON = b""
 """``_process_*`` result: the request went to a client, whose answer comes later."""
@@ -366,6 +392,8 @@ class EmulatorStats:
     traps_sent: int = 0
     traps_dropped: int = 0
     trap_represses: int = 0
+    m_key_violations: int = 0
+    """SMPs dropped by an M_Key check, all ports together."""
 
 
 class EmulatedFabric:
@@ -385,8 +413,10 @@ class EmulatedFabric:
         partition_enforcement_cap: int = PARTITION_ENFORCEMENT_CAP,
         drop_rate: float = 0.0,
         seed: int = 0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        """``lft_cap``, ``mft_cap`` and ``partition_enforcement_cap`` are every switch's
+        """``clock`` gives seconds for M_Key leases (default :func:`time.monotonic`).
+        ``lft_cap``, ``mft_cap`` and ``partition_enforcement_cap`` are every switch's
         SwitchInfo LinearFDBCap, MulticastFDBCap and PartitionEnforcementCap (0: the switches
         do not enforce partitions, so their external ports have no P_KeyTable);
         ``partition_cap`` and ``switch_partition_cap`` are NodeInfo.PartitionCap of CAs and
@@ -440,6 +470,8 @@ class EmulatedFabric:
         """Ports whose client raised IsSM (as opening issm does)."""
         self.time = 0.0
         """Seconds of traffic accumulated by :meth:`advance`."""
+        self.clock: Callable[[], float] = clock if clock is not None else time.monotonic
+        """Monotonic seconds for M_Key leases; tests put a fake clock here and move it."""
 
         # -- static per-node facts, as Python lists for the hot path
         self._is_sw = (f.node_type == NodeType.SWITCH).tolist()
@@ -475,9 +507,21 @@ class EmulatedFabric:
         ex = f.port_exists
         self.master_sm_lid = np.zeros(shape, np.uint16)
         self.master_sm_sl = np.zeros(shape, np.uint8)
-        self.m_key = np.zeros(shape, np.uint64)
-        self.m_key_lease = np.zeros(shape, np.uint16)
-        self.m_key_protect = np.zeros(shape, np.uint8)
+        self._m_key = np.zeros(shape, np.uint64)
+        self._m_key_lease = np.zeros(shape, np.uint16)
+        self._m_key_protect = np.zeros(shape, np.uint8)
+        self._m_key_violations = np.zeros(shape, np.uint16)
+        self.m_key = _read_only(self._m_key)
+        """PortInfo.M_Key of each end port (read only: set it by SMP or :meth:`set_m_key`)."""
+        self.m_key_lease = _read_only(self._m_key_lease)
+        """PortInfo.M_KeyLeasePeriod of each end port, seconds (0: the lease never runs out)."""
+        self.m_key_violations = _read_only(self._m_key_violations)
+        """PortInfo.M_KeyViolations of each end port (saturating at 65535; a PortInfo Set of 0 clears it)."""
+        self._m_key_protect_ro = _read_only(self._m_key_protect)
+        self._keyed: dict[int, int] = {}
+        """Non-zero M_Keys by ``node * stride + end port``: empty means no SMP is checked."""
+        self._lease_ends: dict[int, float] = {}
+        """Running M_Key lease timers: when each runs out, by ``node * stride + end port``."""
         self.gid_prefix = np.full(shape, DEFAULT_GID_PREFIX, np.uint64)
         self.subnet_timeout = np.zeros(shape, np.uint8)
         self.hoq_life = np.full(shape, 16, np.uint8)
@@ -933,6 +977,12 @@ class EmulatedFabric:
         if walk is None:
             return None
         node, in_port, ret, links = walk
+        hide = False
+        if self._keyed:  # some port holds an M_Key: its SMA checks what is addressed to it
+            verdict = self._m_key_check(m, node, in_port, PERMISSIVE_LID, ret)
+            if verdict == _MKEY_FAIL:
+                return None
+            hide = verdict == _MKEY_HIDE
         if m.attr_id == SmpAttr.SM_INFO:
             client = self._client_at(node, in_port)
             if client is not None and client is not src:
@@ -943,6 +993,8 @@ class EmulatedFabric:
                 client.on_request(bytes(buf), src, PERMISSIVE_LID)  # type: ignore[misc]
                 return _HANDED_ON
         data, status = self._answer(m, self._smp_handlers, node, in_port)
+        if hide and m.attr_id == SmpAttr.PORT_INFO:
+            data = bytes(_PI_M_KEY_END) + data[_PI_M_KEY_END:]
         flags = self._flags
         for k in links:  # the Set may have taken a link of the way back down
             if not flags[k] & _F_LINK:
@@ -987,6 +1039,12 @@ class EmulatedFabric:
         if end is None:
             return None
         node, in_port = end
+        hide = False
+        if self._keyed and m.mgmt_class == MgmtClass.SUBN_LID:
+            verdict = self._m_key_check(m, node, in_port, src_lid, ())
+            if verdict == _MKEY_FAIL:
+                return None
+            hide = verdict == _MKEY_HIDE
         device = m.mgmt_class == MgmtClass.PERF or (m.mgmt_class == MgmtClass.SUBN_LID and m.attr_id != SmpAttr.SM_INFO)
         if not device:
             client = self._client_at(node, in_port)
@@ -997,6 +1055,8 @@ class EmulatedFabric:
                 return None  # a GMP for a port where nobody listens
         handlers = self._perf_handlers if m.mgmt_class == MgmtClass.PERF else self._smp_handlers
         data, status = self._answer(m, handlers, node, in_port)
+        if hide and m.attr_id == SmpAttr.PORT_INFO:
+            data = bytes(_PI_M_KEY_END) + data[_PI_M_KEY_END:]
         own = 0 if self._is_sw[node] else in_port
         back = self._walk_lid(node, own, src_lid, data_vl)
         if back is None or int(self._lid_owner[src_lid]) != src_key:
@@ -1273,12 +1333,12 @@ class EmulatedFabric:
             caps |= int(PortCap.IS_SM)
         return PORT_INFO.pack(
             {
-                "M_Key": int(self.m_key[node, e]),
+                "M_Key": int(self._m_key[node, e]),
                 "GIDPrefix": int(self.gid_prefix[node, e]),
                 "LID": int(f.lid[node, e]),
                 "MasterSMLID": int(self.master_sm_lid[node, e]),
                 "CapabilityMask": caps,
-                "M_KeyLeasePeriod": int(self.m_key_lease[node, e]),
+                "M_KeyLeasePeriod": int(self._m_key_lease[node, e]),
                 "LocalPortNum": 0,
                 "LinkWidthEnabled": int(self.width_enabled[node, port]),
                 "LinkWidthSupported": int(f.width_cap[node, port]),
@@ -1287,7 +1347,7 @@ class EmulatedFabric:
                 "PortState": int(f.state[node, port]),
                 "PortPhysicalState": int(f.phys_state[node, port]),
                 "LinkDownDefaultState": int(PhysState.POLLING),
-                "M_KeyProtectBits": int(self.m_key_protect[node, e]),
+                "M_KeyProtectBits": int(self._m_key_protect[node, e]),
                 "LMC": int(f.lmc[node, e]),
                 "LinkSpeedActive": _LS_ACT[speed],
                 "LinkSpeedEnabled": int(self.speed_enabled[node, port]),
@@ -1301,6 +1361,7 @@ class EmulatedFabric:
                 "VLStallCount": int(self.vl_stall[node, port]),
                 "HOQLife": int(self.hoq_life[node, port]),
                 "OperationalVLs": int(f.op_vls[node, port]),
+                "M_KeyViolations": int(self._m_key_violations[node, e]),
                 "GUIDCap": 1,
                 "SubnetTimeOut": int(self.subnet_timeout[node, e]),
                 "RespTimeValue": 16,
@@ -1325,12 +1386,12 @@ class EmulatedFabric:
         speed = f.speed_active[node, port].astype(np.intp)
         cap = f.speed_cap[node, port].astype(np.intp)
         values: dict[str, npt.ArrayLike] = {
-            "M_Key": self.m_key[node, e],
+            "M_Key": self._m_key[node, e],
             "GIDPrefix": self.gid_prefix[node, e],
             "LID": f.lid[node, e],
             "MasterSMLID": self.master_sm_lid[node, e],
             "CapabilityMask": caps,
-            "M_KeyLeasePeriod": self.m_key_lease[node, e],
+            "M_KeyLeasePeriod": self._m_key_lease[node, e],
             "LinkWidthEnabled": self.width_enabled[node, port],
             "LinkWidthSupported": f.width_cap[node, port],
             "LinkWidthActive": f.width_active[node, port],
@@ -1338,7 +1399,7 @@ class EmulatedFabric:
             "PortState": f.state[node, port],
             "PortPhysicalState": f.phys_state[node, port],
             "LinkDownDefaultState": int(PhysState.POLLING),
-            "M_KeyProtectBits": self.m_key_protect[node, e],
+            "M_KeyProtectBits": self._m_key_protect[node, e],
             "LMC": f.lmc[node, e],
             "LinkSpeedActive": np.array(_LS_ACT)[speed],
             "LinkSpeedEnabled": self.speed_enabled[node, port],
@@ -1352,6 +1413,7 @@ class EmulatedFabric:
             "VLStallCount": self.vl_stall[node, port],
             "HOQLife": self.hoq_life[node, port],
             "OperationalVLs": f.op_vls[node, port],
+            "M_KeyViolations": self._m_key_violations[node, e],
             "GUIDCap": 1,
             "SubnetTimeOut": self.subnet_timeout[node, e],
             "RespTimeValue": 16,
@@ -1371,9 +1433,11 @@ class EmulatedFabric:
         ARMED; anything else is refused with INVALID_FIELD and nothing changes.
         PortPhysicalState: 0 or the current one: no change; POLLING enables a disabled
         port; DISABLED takes the link down and keeps it down.
-        LID, LMC, MasterSMLID, MasterSMSL, M_Key, GIDPrefix, SubnetTimeOut apply to end
-        ports only (switch port 0, CA ports). NeighborMTU and OperationalVLs (0 = no
-        change) are capped at MTUCap and VLCap. State fields of switch port 0 are ignored.
+        LID, LMC, MasterSMLID, MasterSMSL, M_Key, M_KeyProtectBits, M_KeyLeasePeriod,
+        GIDPrefix, SubnetTimeOut apply to end ports only (switch port 0, CA ports);
+        M_KeyViolations 0 clears the port's count (other values leave it, as the Linux SMAs
+        do). NeighborMTU and OperationalVLs (0 = no change) are capped at MTUCap and VLCap.
+        State fields of switch port 0 are ignored.
         """
         f = self.fabric
         v = PORT_INFO.unpack(data)
@@ -1406,9 +1470,9 @@ class EmulatedFabric:
             self._set_lid(node, port, lid, lmc)
             self.master_sm_lid[node, port] = v["MasterSMLID"]
             self.master_sm_sl[node, port] = v["MasterSMSL"]
-            self.m_key[node, port] = v["M_Key"]
-            self.m_key_lease[node, port] = v["M_KeyLeasePeriod"]
-            self.m_key_protect[node, port] = v["M_KeyProtectBits"]
+            self._store_m_key(node, port, int(v["M_Key"]), int(v["M_KeyProtectBits"]), int(v["M_KeyLeasePeriod"]))
+            if not v["M_KeyViolations"]:
+                self._m_key_violations[node, port] = 0
             self.gid_prefix[node, port] = v["GIDPrefix"]
             self.subnet_timeout[node, port] = v["SubnetTimeOut"]
         if mtu:
@@ -1668,15 +1732,19 @@ class EmulatedFabric:
         for arr in (
             self.master_sm_lid,
             self.master_sm_sl,
-            self.m_key,
-            self.m_key_lease,
-            self.m_key_protect,
+            self._m_key,
+            self._m_key_lease,
+            self._m_key_protect,
+            self._m_key_violations,
             self.subnet_timeout,
             self.vl_high_limit,
             self.part_enforce_in,
             self.part_enforce_out,
         ):
             arr[node] = 0
+        for k in [k for k in self._keyed if k // self._P == node]:
+            del self._keyed[k]
+            self._lease_ends.pop(k, None)
         self.gid_prefix[node] = DEFAULT_GID_PREFIX
         self.disabled[node] = False
         self.width_enabled[node] = np.where(ex, f.width_cap[node], 0)
@@ -1709,20 +1777,146 @@ class EmulatedFabric:
 
     def _trap128(self, sw: int) -> None:
         """Trap 128 from ``sw`` to its MasterSMLID, if it has a LID and its LFTs lead there."""
+        self._send_trap(sw, 0, lambda lid: trap128_pack(lid))
+
+    def _send_trap(self, node: int, port: int, notice: Callable[[int], bytes]) -> None:
+        """A Trap(Notice) from end port ``(node, port)`` to its MasterSMLID, if the port has a LID and
+        the LFTs lead there; ``notice`` makes the Notice from the port's LID (the IssuerLID)."""
         f = self.fabric
-        lid = int(f.lid[sw, 0])
-        sm_lid = int(self.master_sm_lid[sw, 0])
-        end = self._walk_lid(sw, 0, sm_lid, False) if lid and sm_lid else None
+        lid = int(f.lid[node, port])
+        sm_lid = int(self.master_sm_lid[node, port])
+        end = self._walk_lid(node, port, sm_lid, False) if lid and sm_lid else None
         owner = int(self._lid_owner[sm_lid]) if end is not None else -1
         ep = self._endpoints.get(owner) if owner >= 0 else None
         if ep is None or end is None or end[0] != ep.node:
             self.stats.traps_dropped += 1
             return
         self._trap_tid = self._trap_tid + 1 if self._trap_tid < 0xFFFFFFFF else 1
-        ep.traps.append(trap_mad(trap128_pack(lid), self._trap_tid))
+        ep.traps.append(trap_mad(notice(lid), self._trap_tid))
         self.stats.traps_sent += 1
         if ep.on_trap is not None:
             ep.on_trap()
+
+    # -- M_Key protection (IBA 14.2.4) ----------------------------------------------------
+
+    def _m_key_check(self, m: Mad, node: int, in_port: int, requester_lid: int, ret: Sequence[int]) -> int:
+        """The M_Key check of the SMA ``m`` is addressed to (C14-16): pass, pass with PortInfo's M_Key
+        hidden, or fail (counted, trapped, the lease timer started). ``requester_lid`` is the SMP's
+        source LID (0xFFFF for a directed-route SMP), ``ret`` its ReturnPath at the destination."""
+        e = 0 if self._is_sw[node] else in_port
+        k = node * self._P + e
+        key = self._keyed.get(k)
+        if key is None:
+            return _MKEY_PASS  # the port's M_Key is 0: nothing is checked (C14-5)
+        method = m.method
+        if method != _GET and method != _SET:
+            return _MKEY_PASS  # refused as unsupported by the handler, whatever its key
+        now = self.clock()
+        ends = self._lease_ends.get(k)
+        if ends is not None and now >= ends:
+            self._lease_expired(k)
+            ends = None
+        if m.mkey == key:
+            if ends is not None:
+                del self._lease_ends[k]  # the right key stops the lease timer
+            return _MKEY_PASS
+        level = int(self._m_key_protect[node, e])
+        if method == _GET and level < 2:
+            return _MKEY_HIDE if level == 1 else _MKEY_PASS
+        # -- a violation: dropped, counted, trapped; the lease starts
+        if self._m_key_violations[node, e] < _M_KEY_VIOLATIONS_MAX:
+            self._m_key_violations[node, e] += 1
+        self.stats.m_key_violations += 1
+        lease = int(self._m_key_lease[node, e])
+        if lease and ends is None:
+            self._lease_ends[k] = now + lease
+        self._forget_port_info(node, e)
+        dr = m.mgmt_class == MgmtClass.SUBN_DR
+        producer = ProducerType.SWITCH if self._is_sw[node] else ProducerType.CA
+        self._send_trap(
+            node,
+            e,
+            lambda lid: trap256_pack(
+                lid,
+                lid=requester_lid,
+                method=method,
+                attr_id=m.attr_id,
+                attr_mod=m.attr_mod,
+                m_key=m.mkey,
+                dr_slid=m.dr_slid if dr else None,
+                dr_return_path=ret,
+                producer_type=producer,
+            ),
+        )
+        return _MKEY_FAIL
+
+    def _lease_expired(self, k: int) -> None:
+        """The M_Key lease of end port ``k`` ran out: its protect bits fall to 0 (the key stays)."""
+        del self._lease_ends[k]
+        node, e = divmod(k, self._P)
+        self._m_key_protect[node, e] = 0
+        self._forget_port_info(node, e)
+
+    def _expire_leases(self) -> None:
+        if self._lease_ends:
+            now = self.clock()
+            for k in [k for k, t in self._lease_ends.items() if now >= t]:
+                self._lease_expired(k)
+
+    def _store_m_key(self, node: int, port: int, key: int, protect: int, lease: int) -> None:
+        """Write an end port's M_Key, M_KeyProtectBits and M_KeyLeasePeriod and keep the check's index."""
+        k = node * self._P + port
+        self._m_key[node, port] = key
+        self._m_key_protect[node, port] = protect
+        self._m_key_lease[node, port] = lease
+        if key:
+            self._keyed[k] = key
+        else:
+            self._keyed.pop(k, None)
+            self._lease_ends.pop(k, None)
+        self._forget_port_info(node, port)
+
+    @property
+    def m_key_checking(self) -> bool:
+        """Whether some end port holds a non-zero M_Key; while none does, SMPs skip the M_Key check."""
+        return bool(self._keyed)
+
+    @property
+    def m_key_protect(self) -> npt.NDArray[np.uint8]:
+        """PortInfo.M_KeyProtectBits of each end port (read only), leases that ran out by now applied."""
+        self._expire_leases()
+        return self._m_key_protect_ro
+
+    def m_key_lease_ends(self, node: int, port: int) -> float | None:
+        """When the running M_Key lease of ``(node, port)`` (port 0 on a switch) runs out, on
+        :attr:`clock`; None when no lease timer runs there."""
+        e = self._end_port(node, port)
+        self._expire_leases()
+        return self._lease_ends.get(node * self._P + e)
+
+    def set_m_key(self, node: int, port: int, key: int, *, protect: int = 0, lease: int = 0) -> None:
+        """Give end port ``(node, port)`` (a switch: its port 0, whatever ``port`` says) an M_Key,
+        M_KeyProtectBits and M_KeyLeasePeriod, as an SM's PortInfo Set would (a running lease timer
+        stops, as the Set's passing check would stop it); key 0 turns the check off there."""
+        e = self._end_port(node, port)
+        if not 0 <= key < 1 << 64:
+            raise EmulatorError(f"M_Key {key:#x} does not fit 64 bits")
+        if not 0 <= protect <= 3:
+            raise EmulatorError(f"M_KeyProtectBits {protect} outside 0..3")
+        if not 0 <= lease <= 0xFFFF:
+            raise EmulatorError(f"M_KeyLeasePeriod {lease} outside 0..65535")
+        self._lease_ends.pop(node * self._P + e, None)
+        self._store_m_key(node, e, key, protect, lease)
+
+    def _end_port(self, node: int, port: int) -> int:
+        """The end port holding ``(node, port)``'s M_Key: 0 on a switch; EmulatorError for no such port."""
+        if not 0 <= node < self._n:
+            raise EmulatorError(f"node {node} outside 0..{self._n - 1}")
+        if self._is_sw[node]:
+            return 0
+        if not 1 <= port <= self._nports[node] or not self.fabric.port_exists[node, port]:
+            raise EmulatorError(f"{self.fabric.port_name(node, port)}: no such port")
+        return port
 
     # -- counters -------------------------------------------------------------------------
 

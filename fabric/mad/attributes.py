@@ -589,11 +589,74 @@ def trap144_pack(
     )
 
 
-def notice_unpack(buf: bytes, offset: int = 0) -> dict[str, Any]:
-    """A Notice from SMP data, with the trap-specific DataDetails decoded for traps 128-131 and 144.
+TRAP256_PATH_MAX = 30
+"""Ports of a directed route's ReturnPath that fit Trap 256's DRReturnPath."""
 
-    Extra keys: ``LIDADDR`` (128-131, 144), ``PORTNO`` (129-131), ``OtherLocalChanges``,
-    ``NewCapabilityMask``, ``ChangeFlags``, ``NewCapabilityMask2`` (144).
+
+def trap256_pack(
+    issuer_lid: int,
+    *,
+    lid: int,
+    method: int,
+    attr_id: int,
+    attr_mod: int,
+    m_key: int,
+    dr_slid: int | None = None,
+    dr_return_path: Sequence[int] = (),
+    producer_type: int = ProducerType.CA,
+    toggle: int = 0,
+    count: int = 0,
+) -> bytes:
+    """Trap 256 (bad M_Key), a security Notice: the requester's LIDADDR, its DRSLID, Method,
+    AttributeID, AttributeModifier and M_Key, and for a directed-route SMP (``dr_slid`` given)
+    DRNotice, DRPathTruncated, DRHopCount and DRReturnPath (its ReturnPath ports 1..hop count;
+    beyond 30 hops the first 30, DRPathTruncated set and DRHopCount 30, as the Linux SMAs
+    send it). DataDetails bytes: 2 LIDADDR, 4 DRSLID, 6 Method, 8 AttributeID,
+    10 AttributeModifier, 14 M_Key, 23 DRNotice|DRPathTruncated|DRHopCount, 24 DRReturnPath."""
+    _check_u16("Trap256.LIDADDR", lid)
+    _check_u16("Trap256.DRSLID", dr_slid or 0)
+    _check_u16("Trap256.AttributeID", attr_id)
+    if not 0 <= method <= 0xFF:
+        raise FieldValueError(f"Trap256.Method: {method} is not 0..255")
+    if not 0 <= attr_mod <= 0xFFFFFFFF:
+        raise FieldValueError(f"Trap256.AttributeModifier: {attr_mod:#x} does not fit 32 bits")
+    if not 0 <= m_key < 1 << 64:
+        raise FieldValueError(f"Trap256.M_Key: {m_key:#x} does not fit 64 bits")
+    hops = len(dr_return_path)
+    if hops > 63 or any(not 0 <= p <= 255 for p in dr_return_path):
+        raise FieldValueError(f"Trap256.DRReturnPath: {list(dr_return_path)!r} is no directed route")
+    dr = 0
+    if dr_slid is not None:
+        dr = 0x80 | (0x40 if hops > TRAP256_PATH_MAX else 0) | min(hops, TRAP256_PATH_MAX)
+    details = (
+        b"\0\0"
+        + lid.to_bytes(2, "big")
+        + (dr_slid or 0).to_bytes(2, "big")
+        + bytes([method, 0])
+        + attr_id.to_bytes(2, "big")
+        + attr_mod.to_bytes(4, "big")
+        + m_key.to_bytes(8, "big")
+        + bytes([0, dr])
+        + bytes(dr_return_path[:TRAP256_PATH_MAX] if dr_slid is not None else ())
+    )
+    return notice_pack(
+        Trap.BAD_M_KEY,
+        issuer_lid,
+        details,
+        notice_type=NoticeType.SECURITY,
+        producer_type=producer_type,
+        toggle=toggle,
+        count=count,
+    )
+
+
+def notice_unpack(buf: bytes, offset: int = 0) -> dict[str, Any]:
+    """A Notice from SMP data, with the trap-specific DataDetails decoded for traps 128-131, 144 and 256.
+
+    Extra keys: ``LIDADDR`` (128-131, 144, 256), ``PORTNO`` (129-131), ``OtherLocalChanges``,
+    ``NewCapabilityMask``, ``ChangeFlags``, ``NewCapabilityMask2`` (144), ``DRSLID``, ``Method``,
+    ``AttributeID``, ``AttributeModifier``, ``M_Key``, ``DRNotice``, ``DRPathTruncated``,
+    ``DRHopCount``, ``DRReturnPath`` (256).
     """
     n: dict[str, Any] = dict(NOTICE_SMP.unpack(buf, offset))
     d: bytes = n["DataDetails"]
@@ -610,6 +673,17 @@ def notice_unpack(buf: bytes, offset: int = 0) -> dict[str, Any]:
             n["NewCapabilityMask"] = int.from_bytes(d[6:10], "big")
             n["ChangeFlags"] = int.from_bytes(d[10:12], "big")
             n["NewCapabilityMask2"] = int.from_bytes(d[12:14], "big")
+        elif trap == Trap.BAD_M_KEY:
+            n["LIDADDR"] = int.from_bytes(d[2:4], "big")
+            n["DRSLID"] = int.from_bytes(d[4:6], "big")
+            n["Method"] = d[6]
+            n["AttributeID"] = int.from_bytes(d[8:10], "big")
+            n["AttributeModifier"] = int.from_bytes(d[10:14], "big")
+            n["M_Key"] = int.from_bytes(d[14:22], "big")
+            n["DRNotice"] = d[23] >> 7
+            n["DRPathTruncated"] = d[23] >> 6 & 1
+            n["DRHopCount"] = d[23] & 0x3F
+            n["DRReturnPath"] = list(d[24 : 24 + min(d[23] & 0x3F, TRAP256_PATH_MAX)])
     return n
 
 

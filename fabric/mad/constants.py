@@ -136,6 +136,7 @@ class Trap(IntEnum):
     FLOW_CONTROL_UPDATE_WATCHDOG = 131
     CAPABILITY_MASK_CHANGE = 144
     SYSTEM_IMAGE_GUID_CHANGE = 145
+    BAD_M_KEY = 256
 
 
 class NoticeType(IntEnum):
