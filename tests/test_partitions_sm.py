@@ -126,9 +126,12 @@ async def test_path_records_only_inside_partitions() -> None:
         assert await pr(cas[1], cas[4]) == (0, 0x8001)  # full and limited
         assert (await pr(cas[4], cas[1]))[1] == 0x0001  # as the source holds it: limited
         assert (await pr(cas[1], cas[5]))[0] == 0x0300  # A and B share nothing: no record
-        assert (await pr(cas[5], cas[6]))[1] == 0x8002
+        # B's pair shares 0x8002, but the asker (host 1: A, and a limited member of the default) shares
+        # nothing with them: OpenSM answers only paths whose both ends the requester may reach
+        assert await pr(cas[5], cas[6]) == (0x0300, None)
         assert (await pr(cas[1], cas[2], 0x8002))[0] == 0x0300  # a key they do not share
-        assert await pr(cas[0], cas[5]) == (0, 0xFFFF)  # the SM is a full member of the default
+        assert await pr(cas[0], cas[2]) == (0, 0xFFFF)  # the SM is a full member of the default
+        assert await pr(cas[0], cas[5]) == (0x0300, None)  # host 5: limited in the default, as the asker
         # PKeyTableRecord (trusted) of host 1's port: what it holds
         data = PKEY_TABLE_RECORD.pack({"LID": lid[cas[1]], "BlockNum": 0, "PortNum": 1})
         ans = await r.ask(

@@ -59,7 +59,8 @@ def ask_direct(snap: Any, method: int, cmask: int, data: bytes) -> tuple[int, li
     cap = _Capture()
     server = SaServer(cap, all_families(), lambda: snap)  # type: ignore[arg-type]
     before = server.stats.records
-    server.take(sa_mad(method, A, tid=7, component_mask=cmask, data=data), MadAddress(lid=1, qpn=1, qkey=0x80010000))
+    asker = MadAddress(lid=snap.sm_lid, qpn=1, qkey=0x80010000)  # the SM's port: in every partition
+    server.take(sa_mad(method, A, tid=7, component_mask=cmask, data=data), asker)
     raw = cap.out[-1]
     head = parse_sa(raw[:256])
     body = raw[56:]

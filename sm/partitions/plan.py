@@ -39,6 +39,7 @@ trailing zero entries; :func:`pkey_blocks` and :func:`changed_blocks` turn them 
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -129,6 +130,33 @@ class PartitionPlan:
         ports = self.endports[rows].tolist()
         return {(n, p): f for (n, p), f in zip(ports, full.tolist(), strict=True)}
 
+    @functools.cached_property
+    def _row_of(self) -> dict[Port, int]:
+        return {(n, p): i for i, (n, p) in enumerate(self.endports.tolist())}
+
+    def membership_of(self, port: Port, pkey: int) -> str | None:
+        """"full", "limited" or None: how end port ``port`` belongs to partition ``pkey`` (low 15 bits)."""
+        bits = self.membership.get(pkey & 0x7FFF)
+        row = self._row_of.get(port)
+        if bits is None or row is None or not bits[row]:
+            return None
+        return "full" if bits[row] & _FULL_BIT else "limited"
+
+    def talks_with(self, port: Port) -> npt.NDArray[np.bool_] | None:
+        """Per end port (rows of ``endports``): whether ``port`` shares a P_Key with it (a full member on
+        one side at least), as OpenSM's ``osm_physp_share_pkey``; None when ``port`` is no end port."""
+        row = self._row_of.get(port)
+        if row is None:
+            return None
+        out = np.zeros(self.endports.shape[0], bool)
+        for bits in self.membership.values():
+            mine = bits[row]
+            if mine & _FULL_BIT:
+                out |= bits != 0
+            elif mine:
+                out |= (bits & _FULL_BIT) != 0
+        return out
+
     def shared(self, a: Port, b: Port) -> tuple[int, ...]:
         """The P_Keys ``a`` and ``b`` may talk on: a key both tables hold, full on at least one side.
 
@@ -189,7 +217,7 @@ def plan_partitions(
     *,
     sm_port: Port | None,
     part_enforce: str = "both",
-    previous: PartitionPlan | None = None,
+    previous: PartitionPlan | Mapping[Port, PortKeys] | None = None,
     partition_caps: Mapping[int, int] | None = None,
     enforcement_caps: Mapping[int, int] | None = None,
     allow_both_pkeys: bool = False,
@@ -397,7 +425,7 @@ def _caps(
 
 
 def _previous_ids(
-    eps: npt.NDArray[np.int64], previous: PartitionPlan | None
+    eps: npt.NDArray[np.int64], previous: PartitionPlan | Mapping[Port, PortKeys] | None
 ) -> tuple[npt.NDArray[np.int64], list[PortKeys | None]]:
     """Per end port a small id of its previous state; ids index the returned list (0: none)."""
     states: list[PortKeys | None] = [None]
@@ -405,7 +433,7 @@ def _previous_ids(
     if previous is None:
         return ids, states
     seen: dict[PortKeys, int] = {}
-    get = previous.port_keys.get
+    get = (previous.port_keys if isinstance(previous, PartitionPlan) else previous).get
     for row, (n, p) in enumerate(eps.tolist()):
         st = get((n, p))
         if st is None:

@@ -423,6 +423,10 @@ def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
     return (m, r) if m and r else (0, 0)
 
 
+_UNKNOWN = (-1, -1)
+"""A requester that is no end port of the snapshot."""
+
+
 class _Req(NamedTuple):
     mask: int
     get: bool
@@ -437,6 +441,8 @@ class _Req(NamedTuple):
     """(selector, rank)."""
     plt: tuple[int, int] | None
     raw: bool
+    requester: tuple[int, int] | None = None
+    """The asking end port (node, port) where partitions restrict what it may see; None: no restriction."""
 
 
 def _pairs(ns: int, nd: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], npt.NDArray[np.uint8]]:
@@ -507,7 +513,10 @@ class PathRecordFamily:
             rate=rq_rate,
             plt=rq_plt,
             raw=bool(mask & _RAW and d[44] & 0x80),
+            requester=self._requester(ctx, b, req.src.lid),
         )
+        if r.requester == _UNKNOWN:  # partitions, and an asker that is no port of ours: it sees nothing
+            return np.zeros((0, 64), np.uint8)
         if r.iterations == 0:
             return np.zeros((0, 64), np.uint8)
         n = b.ep_node.size
@@ -532,6 +541,35 @@ class PathRecordFamily:
                 if total > MAX_TABLE_RECORDS:
                     raise SaError(SaStatus.ERR_NO_RESOURCES, "every path of the subnet: too many records")
         return np.concatenate(out) if out else np.zeros((0, 64), np.uint8)
+
+    @staticmethod
+    def _requester(ctx: SaContext, b: _Base, lid: int) -> tuple[int, int] | None:
+        """The end port that asked (by its LID), when a partition plan restricts answers; None without a
+        plan; ``_UNKNOWN`` when the LID is no end port of the snapshot."""
+        if getattr(ctx.snapshot, "partitions", None) is None:
+            return None
+        ep = b.ep_of_lid1[lid] if 0 < lid < len(b.ep_of_lid1) else -1
+        if ep < 0:
+            return _UNKNOWN
+        e = b.ep1[ep]
+        return (e[5], e[6])
+
+    @staticmethod
+    def _talkers(ctx: SaContext, b: _Base, requester: tuple[int, int]) -> npt.NDArray[np.bool_]:
+        """Per end port (``_Base`` order): whether ``requester`` shares a P_Key with it."""
+        plan = ctx.snapshot.partitions
+        rows = ctx.cache.get("pr:planrow")
+        if rows is None:
+            at = {(n, p): i for i, (n, p) in enumerate(plan.endports.tolist())}
+            rows = ctx.cache["pr:planrow"] = np.array(
+                [at.get((n, p), -1) for n, p in zip(b.ep_node.tolist(), b.ep_port.tolist(), strict=True)], np.intp
+            )
+        talks = plan.talks_with(requester)
+        out = np.zeros(rows.size, bool)
+        if talks is not None:
+            known = rows >= 0
+            out[known] = talks[rows[known]]
+        return out
 
     @staticmethod
     def _end(b: _Base, mask: int, d: bytes, gid_bit: int, lid_bit: int, gid_at: int, lid_at: int) -> int | None:
@@ -573,6 +611,10 @@ class PathRecordFamily:
             return none
         sp = (s1[5], s1[6])
         dp = (d1[5], d1[6])
+        if r.requester is not None:  # OpenSM answers only what the asker may reach: both ends
+            plan = ctx.snapshot.partitions
+            if not plan.shared(r.requester, sp) or not plan.shared(r.requester, dp):
+                return none
         pkey = pair_pkey(ctx, sp, dp, r.pkey)
         if pkey is None:
             return none
@@ -605,6 +647,9 @@ class PathRecordFamily:
         prefs = np.tile(pref, K)
         mtu, rank = path_values(b, s_e, dlid.astype(np.intp))
         ok = mtu > 0
+        if r.requester is not None:  # OpenSM answers only what the asker may reach: both ends
+            talks = self._talkers(ctx, b, r.requester)
+            ok &= talks[s_e] & talks[d_e]
         # pkey / SL hooks, per port pair
         pkeys = np.full(K * Q, DEFAULT_PKEY, np.int64)
         sls = np.zeros(K * Q, np.int64)

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy.ma  # noqa: F401 - np.unique imports it on first use (9 ms): at start, not mid-sweep
 
@@ -38,8 +38,10 @@ from sm.analysis.verify import VerifyReport, verify_routes
 from sm.election.elector import Elector, Role
 from sm.lidmap import LidMap
 from sm.links import LinkPlan, apply_link_plan, plan_links
+from sm.multicast.mft import mft_table
+from sm.multicast.tree import HopTable, McastTree, build_tree, hop_table
 from sm.partitions.config import PartitionConfig, default_partitions
-from sm.partitions.plan import PartitionPlan, plan_partitions
+from sm.partitions.plan import PartitionPlan, PortKeys, plan_partitions
 from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, RoutingResult, make_engine, route
 from sm.sweep.discover import Discovery, discover
 from sm.sweep.events import (
@@ -59,8 +61,20 @@ from sm.sweep.events import (
 from sm.sweep.lids import LidManager
 from sm.sweep.light import FlapDamper, apply_changes, hold_down, light_sweep
 from sm.sweep.offload import Emit, Offload
-from sm.sweep.program import HeldLfts, HeldPkeys, ProgramReport, program_fabric
+from sm.sweep.program import (
+    HeldLfts,
+    HeldMfts,
+    HeldPkeys,
+    MftReport,
+    ProgramReport,
+    program_fabric,
+    program_mfts,
+    read_pkey_tables,
+)
 from sm.transport.base import WindowedTransport
+
+if TYPE_CHECKING:
+    from sm.sa.mcast_groups import McGroups
 
 log = logging.getLogger("ibfm.sm")
 
@@ -223,6 +237,14 @@ class FabricManager:
         self.held_pkeys: HeldPkeys = {}
         self.no_enforcement: set[tuple[int, int]] = set()
         """Switch ports (node GUID, port) that do not keep partition enforcement: not asked again."""
+        self.mcast: McGroups | None = None
+        """The SA's multicast groups (:meth:`use_multicast`), whose MFTs the sweeps program."""
+        self.held_mfts: HeldMfts = {}
+        self.mft_report: MftReport | None = None
+        """What the last MFT programming did."""
+        self._hops: tuple[Fabric, HopTable] | None = None
+        self._mcast_dirty = False
+        """A group changed since the MFTs were last programmed."""
         self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
         for name in self.config.engines:  # loaded here once, not in every sweep's forked child
@@ -258,6 +280,74 @@ class FabricManager:
 
     # -- triggers ---------------------------------------------------------------
 
+    def use_multicast(self, groups: McGroups) -> None:
+        """Program the MFTs of ``groups`` (the SA's): after every heavy sweep, and soon after each join or
+        leave (the SA only notes the change; the sweeper sends the SMPs)."""
+        self.mcast = groups
+
+        def changed(mlid: int, group: object) -> None:
+            self._mcast_dirty = True
+            self._wake.set()
+
+        groups.on_change.append(changed)
+
+    async def multicast_pass(self) -> None:
+        """Joins and leaves since the last pass: the MFTs, and nothing else (what :meth:`run` does when
+        only the groups changed)."""
+        async with self._lock:
+            self._wake.clear()
+            if self.snapshot is not None:
+                await self._program_multicast(self.snapshot)
+
+    async def _program_multicast(self, snap: SubnetSnapshot) -> None:
+        """The SM's own groups (each ipoib partition's broadcast group), then one tree per group over
+        ``snap``'s topology and the MFT blocks that differ from what the switches hold."""
+        groups = self.mcast
+        if groups is None or not self.elector.may_write:
+            return
+        self._mcast_dirty = False
+        f, d = snap.fabric, snap.discovery
+        caps = [int(d.switch_info.get(n, {}).get("MulticastFDBCap", 0)) for n in f.switches.tolist()]
+        if caps and min(caps) > 0:
+            groups.set_mlid_cap(min(caps))
+        plan = snap.partitions
+        for part in plan.ipoib if plan is not None else ():
+            for scope in part.scope or (None,):
+                params: dict[str, Any] = {"scope": scope, "sl": part.sl or 0}
+                if part.mtu:
+                    params["mtu"] = part.mtu
+                if part.rate:
+                    params["rate"] = part.rate
+                if part.q_key is not None:
+                    params["qkey"] = part.q_key
+                try:
+                    groups.create_ipoib_broadcast(part.pkey, **params)
+                except IbfmError as e:
+                    log.warning("partition %s: no IPoIB broadcast group: %s", part.name, e)
+        groups.prune(snap)
+        if self._hops is None or self._hops[0] is not f:
+            self._hops = (f, hop_table(f))
+        hops = self._hops[1]
+        trees: dict[int, McastTree] = {}
+        for g in groups.groups.values():
+            members: list[tuple[int, int]] = []
+            for guid in sorted(groups.ports(g)):
+                with contextlib.suppress(KeyError):
+                    members.append(f.by_port_guid(guid))
+            trees[g.mlid] = build_tree(f, snap.lids, snap.lft, members, hops=hops, branches="hops")
+        if not trees and not self.held_mfts:
+            return
+        try:
+            rep = await program_mfts(self.transport, d, mft_table(f, trees), self.held_mfts)
+        except IbfmError as e:
+            log.warning("multicast forwarding tables not programmed: %s", e)
+            return
+        self.mft_report = rep
+        if rep.failures:
+            log.warning("MFT programming: %d failures, e.g. %s", len(rep.failures), rep.failures[0])
+        elif rep.blocks_sent:
+            log.info("MFTs: %d blocks sent for %d groups", rep.blocks_sent, len(trees))
+
     def set_partitions(self, partitions: PartitionConfig | None) -> None:
         """Use ``partitions`` from the next sweep on (a heavy one, asked for here): the P_Key table blocks
         that change, and only those, are sent; every port keeps the indexes of the keys it keeps."""
@@ -278,7 +368,10 @@ class FabricManager:
         try:
             while not stop.is_set():
                 try:
-                    await self.sweep()
+                    if self._mcast_dirty and not self._reasons and not self._force_heavy:
+                        await self.multicast_pass()  # woken by joins or leaves only
+                    else:
+                        await self.sweep()
                 except SweepError:
                     pass  # reported as an event (standing by: as a state change); the next sweep starts over
                 except Exception as e:  # a bug or a device answering nonsense must not stop the SM
@@ -461,6 +554,8 @@ class FabricManager:
                         reasons=reasons,
                     )
                 )
+                if self._mcast_dirty:  # joins and leaves since the last pass
+                    await self._program_multicast(prev)
                 return None
             try:
                 d = apply_changes(prev.discovery, light, held=held)
@@ -509,6 +604,7 @@ class FabricManager:
                 reasons=reasons or [],
             )
         )
+        await self._program_multicast(snap)
         return snap
 
     def _emit_diff(self, prev: SubnetSnapshot | None, snap: SubnetSnapshot) -> None:
@@ -573,8 +669,9 @@ class FabricManager:
             guid = int(fabric.node_guid[n])
             if guid not in known or not d.switch_info.get(n, {}).get("LinearFDBTop"):
                 self.held.pop(guid, None)
+                self.held_mfts.pop(guid, None)
         with stage("partitions"):
-            parts = self._plan_partitions(d)
+            parts = await self._plan_partitions(d)
         options = RoutingOptions(root_guids=cfg.root_guids)
         check_loops = cfg.check_credit_loops
 
@@ -680,26 +777,43 @@ class FabricManager:
             (n, p): (0, 0) if (int(guid[n]), p) in self.no_enforcement else v for (n, p), v in plan.enforcement.items()
         }
 
-    def _plan_partitions(self, d: Discovery) -> PartitionPlan:
+    async def _plan_partitions(self, d: Discovery) -> PartitionPlan:
         """Each port's P_Key table and the switch ports' enforcement, from the partitions file.
 
-        Keys a port held after the last sweep keep their indexes; a port the model has not seen
-        since (a new node, or one that power-cycled) is planned afresh. Tables clipped by a cap,
-        and members the fabric lacks, are logged (once per sweep, as a count beyond a few)."""
+        A key a port holds keeps its index, as OpenSM keeps it: what the last plan put there (by
+        port GUID: node indexes change as nodes come and go), or, for a port this process has not
+        planned yet (a new port, a restart), what its table reads now. Tables clipped by a cap, and
+        members the fabric lacks, are logged (a few, then a count)."""
         cfg = self.config
         f = d.fabric
-        prev = self.snapshot.partitions if self.snapshot is not None else None
+        prev_keys: dict[tuple[int, int], PortKeys] = {}
+        if self.snapshot is not None and self.snapshot.partitions is not None:
+            old = self.snapshot.fabric
+            for (n, p), pk in self.snapshot.partitions.port_keys.items():
+                with contextlib.suppress(KeyError):
+                    prev_keys[(f.by_guid(int(old.node_guid[n])), p)] = pk
+        eps = [(int(n), int(p)) for n, p in f.endports().tolist()]
+        guid = f.node_guid
+        unread = [k for k in eps if k not in prev_keys and (int(guid[k[0]]), k[1]) not in self.held_pkeys]
+        if unread:
+            await read_pkey_tables(self.transport, d, unread, self.held_pkeys)
+        for n, p in eps:
+            if (n, p) not in prev_keys and (t := self.held_pkeys.get((int(guid[n]), p))) is not None:
+                keys = t.tolist()
+                while keys and not keys[-1]:
+                    keys.pop()
+                prev_keys[(n, p)] = PortKeys(table=tuple(keys), accum=(), last=0)
         plan = plan_partitions(
             cfg.partitions if cfg.partitions is not None else default_partitions(),
             f,
             sm_port=(d.sm_node, d.sm_port),
             part_enforce=cfg.part_enforce,
-            previous=prev,
+            previous=prev_keys,
             partition_caps={n: int(ni.get("PartitionCap", 0)) for n, ni in d.node_info.items()},
             enforcement_caps={n: int(si.get("PartitionEnforcementCap", 0)) for n, si in d.switch_info.items()},
         )
-        for p in plan.problems[:5]:
-            log.warning("partitions: %s", p)
+        for problem in plan.problems[:5]:
+            log.warning("partitions: %s", problem)
         if len(plan.problems) > 5:
             log.warning("partitions: %d more problems", len(plan.problems) - 5)
         return plan

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from fabric.mad import LFT_BLOCK_SIZE, PKEY_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, 
 from fabric.model import NodeType, PortState
 from sm.lidmap import LidMap
 from sm.links import LinkPlan
+from sm.multicast.mft import MLIDS_PER_BLOCK, MftTable, block_payload, mft_attr_mod, mft_blocks_changed, mft_positions
 from sm.routing.base import NO_ROUTE, Lft
 from sm.sweep.discover import Discovery, Path
 from sm.transport.base import MadTimeout, WindowedTransport
@@ -46,6 +47,8 @@ from sm.transport.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_ba
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
 """Switch node GUID -> the LFT it holds as far as we know (NO_ROUTE where unknown/empty)."""
+HeldMfts = dict[int, npt.NDArray[np.uint16]]
+"""Switch node GUID -> the MFT it holds as far as we know (``[entries, positions]``, whole blocks)."""
 HeldPkeys = dict[tuple[int, int], npt.NDArray[np.uint16]]
 """(node GUID, port number) -> the P_Key table the port holds as far as we know (its whole size)."""
 Port = tuple[int, int]
@@ -449,6 +452,62 @@ def pkey_room(d: Discovery, node: int, port: int) -> int:
     return int(d.node_info.get(node, {}).get("PartitionCap", 0))
 
 
+def _pkey_route(d: Discovery, routes: list[Path], extra: dict[Path, int], node: int, port: int) -> tuple[int, int]:
+    """(index into ``routes``, port for the modifier) of a P_KeyTable SMP to (node, port): a switch by
+    its path with the port in the modifier; a CA by a path that arrives at that port (it answers for
+    the port the SMP came in on)."""
+    if d.fabric.is_switch(node):
+        return node, port
+    path = d.port_paths.get((node, port), d.paths[node])
+    if path == d.paths[node]:
+        return node, 0
+    k = extra.get(path)
+    if k is None:
+        k = extra[path] = len(routes)
+        routes.append(path)
+    return k, 0
+
+
+async def read_pkey_tables(
+    transport: WindowedTransport, d: Discovery, ports: Iterable[Port], held: HeldPkeys
+) -> int:
+    """Read the whole P_Key table of each of ``ports`` (every block its cap has room for) into ``held``;
+    a port whose table does not read whole is left out (unknown). The number of ports read."""
+    f = d.fabric
+    routes: list[Path] = list(d.paths)
+    extra: dict[Path, int] = {}
+    which: list[int] = []
+    mods: list[int] = []
+    where: list[tuple[tuple[int, int], int]] = []
+    tables: dict[tuple[int, int], npt.NDArray[np.uint16]] = {}
+    for node, port in ports:
+        nblocks = -(-pkey_room(d, node, port) // PKEY_BLOCK_SIZE)
+        if not nblocks:
+            continue
+        key = (int(f.node_guid[node]), port)
+        tables[key] = np.zeros(nblocks * PKEY_BLOCK_SIZE, np.uint16)
+        route, mod_port = _pkey_route(d, routes, extra, node, port)
+        for b in range(nblocks):
+            which.append(route)
+            mods.append(pkey_table_mod(b, mod_port))
+            where.append((key, b))
+    if not which:
+        return 0
+    got = await smp_batch_dr(transport, Method.GET, SmpAttr.PKEY_TABLE, routes, np.array(which, np.intp),
+                             np.array(mods, np.int64))  # fmt: skip
+    blocks = got.data[:, : 2 * PKEY_BLOCK_SIZE].copy().view(">u2").astype(np.uint16)
+    bad: set[tuple[int, int]] = set()
+    for j, (key, b) in enumerate(where):
+        if got.ok[j]:
+            tables[key][b * PKEY_BLOCK_SIZE : (b + 1) * PKEY_BLOCK_SIZE] = blocks[j]
+        else:
+            bad.add(key)
+    for key, table in tables.items():
+        if key not in bad:
+            held[key] = table
+    return len(tables) - len(bad)
+
+
 async def _set_pkey_tables(
     transport: WindowedTransport, d: Discovery, tables: Mapping[Port, tuple[int, ...]], held: HeldPkeys,
     rep: ProgramReport,
@@ -457,26 +516,21 @@ async def _set_pkey_tables(
 
     A port we hold nothing for (a new one, or a new ibfm process) is read first, every block its
     table has room for, as OpenSM does: a second run over a configured fabric writes nothing, and
-    keys another SM left beyond our table are cleared. A block whose read fails is sent."""
+    keys another SM left beyond our table are cleared. A block that does not read is sent."""
     f = d.fabric
     routes: list[Path] = list(d.paths)
     extra: dict[Path, int] = {}
-
-    def route_of(node: int, port: int) -> tuple[int, int]:
-        """(index into ``routes``, port for the modifier): a CA answers for the port the SMP came in on."""
-        if f.is_switch(node):
-            return node, port
-        path = d.port_paths.get((node, port), d.paths[node])
-        if path == d.paths[node]:
-            return node, 0
-        k = extra.get(path)
-        if k is None:
-            k = extra[path] = len(routes)
-            routes.append(path)
-        return k, 0
-
-    plans: list[tuple[int, int, npt.NDArray[np.uint16], npt.NDArray[np.uint16], int, int]] = []
-    unknown: list[tuple[int, int, int]] = []  # (plan index, route, modifier port)
+    unknown = []
+    for (node, port), _ in tables.items():
+        cur = held.get((int(f.node_guid[node]), port))
+        if cur is None or cur.size != -(-pkey_room(d, node, port) // PKEY_BLOCK_SIZE) * PKEY_BLOCK_SIZE:
+            unknown.append((node, port))
+    if unknown:
+        await read_pkey_tables(transport, d, unknown, held)
+    which_l: list[int] = []
+    mods_l: list[int] = []
+    datas: list[npt.NDArray[np.uint16]] = []
+    targets: list[tuple[int, int, int, npt.NDArray[np.uint16]]] = []  # (node, port, block, held table)
     for (node, port), table in tables.items():
         room = pkey_room(d, node, port)
         nblocks = -(-room // PKEY_BLOCK_SIZE)
@@ -491,32 +545,11 @@ async def _set_pkey_tables(
             rep.failures.append(f"{f.port_name(node, port)}: P_Key table of {len(table)} beyond its {room} entries")
         hkey = (int(f.node_guid[node]), port)
         cur = held.get(hkey)
-        route, mod_port = route_of(node, port)
         if cur is None or cur.size != want.size:
-            cur = held[hkey] = want ^ np.uint16(1)  # unknown: differs from what we would send, until read
-            unknown.append((len(plans), route, mod_port))
-        plans.append((node, port, want, cur, route, mod_port))
-    if unknown:
-        which, mods, where = [], [], []
-        for k, route, mod_port in unknown:
-            for b in range(plans[k][2].size // PKEY_BLOCK_SIZE):
-                which.append(route)
-                mods.append(pkey_table_mod(b, mod_port))
-                where.append((k, b))
-        got = await smp_batch_dr(transport, Method.GET, SmpAttr.PKEY_TABLE, routes, np.array(which, np.intp),
-                                 np.array(mods, np.int64))  # fmt: skip
-        blocks = got.data[:, : 2 * PKEY_BLOCK_SIZE].copy().view(">u2").astype(np.uint16)
-        for j in np.flatnonzero(got.ok).tolist():
-            k, b = where[j]
-            plans[k][3][b * PKEY_BLOCK_SIZE : (b + 1) * PKEY_BLOCK_SIZE] = blocks[j]
-    which_l: list[int] = []
-    mods_l: list[int] = []
-    datas: list[npt.NDArray[np.uint16]] = []
-    targets: list[tuple[int, int, int, npt.NDArray[np.uint16]]] = []  # (node, port, block, held table)
-    for node, port, want, cur, route, mod_port in plans:
-        nblocks = want.size // PKEY_BLOCK_SIZE
+            cur = held[hkey] = want ^ np.uint16(1)  # did not read: differs from every block we send
         changed = np.flatnonzero((want != cur).reshape(nblocks, PKEY_BLOCK_SIZE).any(axis=1))
         rep.pkey_blocks_skipped += nblocks - changed.size
+        route, mod_port = _pkey_route(d, routes, extra, node, port)
         for b in changed.tolist():
             which_l.append(route)
             mods_l.append(pkey_table_mod(b, mod_port))
@@ -541,6 +574,67 @@ async def _set_pkey_tables(
         else:
             rep.failures.append(f"{f.port_name(node, port)}: P_KeyTable block {b} reads back different")
             cur[lo : lo + PKEY_BLOCK_SIZE] = res.data[j, : data.shape[1]].copy().view(">u2")
+
+
+@dataclass
+class MftReport:
+    blocks_sent: int = 0
+    blocks_skipped: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+async def program_mfts(transport: WindowedTransport, d: Discovery, table: MftTable, held: HeldMfts) -> MftReport:
+    """MulticastForwardingTable Sets of the (block, position) pairs of each switch's ``table`` row that
+    differ from what it holds (unknown: every block up to the top MLID, zeros too, so nothing stale
+    stays there); ``held`` updated with what the switches took."""
+    f = d.fabric
+    rep = MftReport()
+    positions = mft_positions(f)
+    which: list[int] = []
+    mods: list[int] = []
+    datas: list[bytes] = []
+    targets: list[tuple[int, int, int, npt.NDArray[np.uint16]]] = []  # (switch node, block, position, held)
+    for row, node in enumerate(f.switches.tolist()):
+        new = table[row, :, : positions[row]]
+        guid = int(f.node_guid[node])
+        cur = held.get(guid)
+        if cur is not None and cur.shape[1] != new.shape[1]:
+            cur = None
+        changed = mft_blocks_changed(new, cur)
+        nb = max(new.shape[0], cur.shape[0] if cur is not None else 0)
+        total = nb // MLIDS_PER_BLOCK * int(positions[row])
+        rep.blocks_skipped += total - len(changed)
+        if cur is None or cur.shape[0] < nb:
+            grown = np.zeros((nb, new.shape[1]), np.uint16)
+            if cur is not None:
+                grown[: cur.shape[0]] = cur
+            if cur is None:
+                grown ^= 1  # unknown until the Sets are answered
+            cur = held[guid] = grown
+        padded = np.zeros_like(cur)
+        padded[: new.shape[0]] = new
+        for b, p in changed:
+            which.append(node)
+            mods.append(mft_attr_mod(b, p))
+            datas.append(block_payload(padded, b, p))
+            targets.append((node, b, p, cur))
+    if not datas:
+        return rep
+    data = np.frombuffer(b"".join(datas), np.uint8).reshape(len(datas), -1)
+    res = await smp_batch_dr(transport, Method.SET, SmpAttr.MFT, d.paths, np.array(which, np.intp),
+                             np.array(mods, np.int64), data)  # fmt: skip
+    good = res.ok & (res.data[:, : data.shape[1]] == data).all(axis=1)
+    rep.blocks_sent = int(good.sum())
+    for j, (node, b, p, cur) in enumerate(targets):
+        rows = slice(b * MLIDS_PER_BLOCK, (b + 1) * MLIDS_PER_BLOCK)
+        if good[j]:
+            cur[rows, p] = np.frombuffer(datas[j], ">u2")
+            continue
+        err = res.errors.get(j)
+        what = f"{f.names[node]}: MFT block {b} position {p}"
+        rep.failures.append(f"{what} Set failed: {err}" if err is not None else f"{what} reads back different")
+        cur[rows, p] = np.frombuffer(datas[j], ">u2") ^ 1  # unknown: sent again
+    return rep
 
 
 async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, rep: ProgramReport) -> None:
