@@ -6,13 +6,15 @@ name is written down once. Names follow the Prometheus conventions: an
 ``ibfm_`` prefix, base units in the name (bytes, seconds), ``_total`` on
 counters, ``_info`` on info-style gauges whose value is always 1.
 
-Four scopes:
+Five scopes:
 
 - per port (:data:`PORT_LABELS`): every existing port except a switch's
   port 0; PortInfo facts from the last heavy sweep, PMA counters from the
   PerfManager, and what the congestion model predicts;
 - per device (:data:`DEVICE_LABELS`): every node of the last heavy sweep;
 - per subnet: sweeps, LFT programming, routing, counts by state;
+- per partition (:data:`PARTITION_LABELS`): members of each partition of the
+  last heavy sweep's plan;
 - the PerfManager itself.
 
 ``docs/metrics.md`` lists them all with the infiniband_exporter names they
@@ -41,6 +43,10 @@ port at the other end of the cable (empty when the port has no cable)."""
 
 DEVICE_LABELS: tuple[str, ...] = ("guid", "name", "type")
 """Node GUID, node name, node type (:data:`NODE_TYPE_NAMES`)."""
+
+PARTITION_LABELS: tuple[str, ...] = ("pkey", "name", "membership")
+"""The P_Key in its full-member form (``0x8001``; ``0xffff`` for Default), the partition's name in the
+partitions file, and ``full`` or ``limited``."""
 
 NODE_TYPE_NAMES: dict[int, str] = {
     int(NodeType.CA): "ca",
@@ -301,6 +307,16 @@ SA_DROPPED = _metric("ibfm_sa_dropped_total", MetricType.COUNTER, "",
 SM_METRICS: tuple[MetricDef, ...] = (SM_STATE, SM_MASTER_INFO, SM_PRIORITY, SA_REQUESTS, SA_RECORDS, SA_BUSY,
                                      SA_DROPPED)
 
+# -- partitions (the last heavy sweep's plan) --------------------------------------------------------
+
+PARTITION_MEMBERS = MetricDef("ibfm_partition_members", MetricType.GAUGE,
+    "End ports (switch port 0, CA and router ports) in the partition, by membership; both series of every "
+    "partition of the file are there, 0 for a partition no port of the subnet is in.", PARTITION_LABELS)
+PARTITION_PROBLEMS = _metric("ibfm_partition_problems", MetricType.GAUGE, "",
+    "Problems the fabric made of the partitions file: GUIDs not on the subnet, keys left out of full "
+    "P_KeyTables, switch ports where enforcement was turned off.")
+PARTITION_METRICS: tuple[MetricDef, ...] = (PARTITION_MEMBERS, PARTITION_PROBLEMS)
+
 # -- the PerfManager --------------------------------------------------------------------------------
 
 PERFMGR_SWEEPS = _metric("ibfm_perfmgr_sweeps_total", MetricType.COUNTER, "",
@@ -337,7 +353,8 @@ PERFMGR_METRICS: tuple[MetricDef, ...] = (
 )
 
 ALL: tuple[MetricDef, ...] = (
-    SUBNET_METRICS + SM_METRICS + PERFMGR_METRICS + DEVICE_METRICS + PORT_INFO_GAUGES + PORT_PREDICTED + PORT_COUNTERS
+    SUBNET_METRICS + PARTITION_METRICS + SM_METRICS + PERFMGR_METRICS + DEVICE_METRICS + PORT_INFO_GAUGES
+    + PORT_PREDICTED + PORT_COUNTERS
 )
 """Every metric, in exposition order."""
 

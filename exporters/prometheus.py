@@ -1,7 +1,7 @@
 """The Prometheus exporter: metric families built from the fabric arrays at scrape time.
 
 Inputs (:class:`MetricsInputs`, from a :data:`MetricsSource` callable): the
-current :class:`~sm.sweep.manager.SubnetSnapshot`, the
+current :class:`~sm.sweep.manager.SubnetSnapshot` (with its partition plan), the
 :class:`~sm.perf.perfmgr.PerfManager` (counter totals ``[node, port]``), the
 congestion model's :class:`Prediction` and the heavy-sweep history
 (:class:`SweepStats`). Every metric name, type and help text comes from
@@ -50,6 +50,7 @@ from exporters import metrics as M
 from exporters.metrics import MetricDef
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, NO_PEER, Fabric, NodeType, lanes_of, link_bytes_per_s
+from sm.partitions.plan import PartitionPlan
 from sm.sweep.manager import SubnetSnapshot
 
 log = logging.getLogger(__name__)
@@ -560,6 +561,7 @@ class _Builder:
         self._perf_map: tuple[Fabric | None, _Topology, npt.NDArray[np.intp], npt.NDArray[np.intp], _Rows] | None
         self._perf_map = None
         self._perf_epoch: tuple[Fabric | None, int] | None = None
+        self._partition_fams: tuple[PartitionPlan, list[_Family | _Vector]] | None = None
 
     def topology(self, fabric: Fabric) -> _Topology:
         """Rows and labels for ``fabric``: reused while nodes, names and cables stay the same."""
@@ -596,6 +598,8 @@ class _Builder:
         fams.append(up)
         if snap is not None:
             fams += self._subnet(snap)
+            if snap.partitions is not None:
+                fams += self._partitions(snap.partitions)
         if c.sm is not None:
             fams += _sm_families(c.sm)
         if c.sweeps is not None:
@@ -662,6 +666,27 @@ class _Builder:
         out.append(links)
         one(M.CREDIT_LOOPS, len(snap.credit_loops))
         one(M.UNREACHABLE_ROUTES, int(snap.verify.unreachable))
+        return out
+
+    def _partitions(self, plan: PartitionPlan) -> list[_Family | _Vector]:
+        """Members per partition and membership, and the plan's problem count: built once per plan."""
+        cached = self._partition_fams
+        if cached is not None and cached[0] is plan:
+            return cached[1]
+        members = _Family(M.PARTITION_MEMBERS)
+        for part in plan.config.partitions if plan.config is not None else ():
+            bits = plan.membership.get(part.pkey)
+            full = limited = 0
+            if bits is not None:  # bit 1 full member, bit 0 limited (PartitionPlan.membership)
+                full = int(np.count_nonzero(bits & 2))
+                limited = int(np.count_nonzero(bits & 1))
+            key = f"0x{part.pkey | 0x8000:04x}"
+            members.add(full, (key, _clean(part.name), "full"))
+            members.add(limited, (key, _clean(part.name), "limited"))
+        problems = _Family(M.PARTITION_PROBLEMS)
+        problems.add(len(plan.problems))
+        out: list[_Family | _Vector] = [members, problems]
+        self._partition_fams = (plan, out)
         return out
 
     def _devices(self, topo: _Topology, perf: _PerfView | None) -> list[_Family | _Vector]:

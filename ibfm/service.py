@@ -17,7 +17,10 @@ counters, so measured and predicted load agree.
 
 Heavy sweeps re-bind the PerfManager and feed the sweep history of
 ``/metrics`` through the event bus. :func:`run_service` runs it all until
-SIGTERM or SIGINT and returns 0.
+SIGTERM or SIGINT and returns 0. SIGHUP re-reads the partitions file
+(``sm.partitions``) as ``POST /api/v1/partitions/reload`` does: a file that
+parses is applied with a heavy sweep, one that does not is logged (file,
+line, column) and the running partitions stay.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from aiohttp import web
 
 from exporters.http.app import create_app
 from exporters.http.common import ApiConfig
+from exporters.http.partitions import RELOADER, NoPartitionsFile
 from exporters.http.state import prepare_view
 from fabric.emulator import EmulatedFabric
 from fabric.errors import IbfmError
 from fabric.model import Fabric
 from fabric.traffic import XMIT_WAIT_TICK_HZ, PredictedTraffic, TrafficClock
 from ibfm.settings import Settings
-from sm.partitions.config import load_partitions
+from sm.partitions.config import PartitionConfigError, load_partitions
 from sm.sa.services import serve_port
 from sm.sweep.events import EventBus, SweepDone, SweepFailed, _Event
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
@@ -164,6 +168,7 @@ class Service:
                 token=token,
                 expected_topology=settings.fabric.expected_topology,
                 max_body_bytes=settings.api.max_body_bytes,
+                partitions_file=settings.sm.partitions,
             ),
             perfmgr=self.perfmgr,
             metrics=self.metrics,
@@ -240,6 +245,15 @@ class Service:
         if log.isEnabledFor(level):
             data = ev.model_dump(mode="json")
             log.log(level, "%s: %s", kind, _brief(data), extra={"event": data})
+
+    def reload_partitions(self, via: str = "SIGHUP") -> None:
+        """Re-read the partitions file in the background (on SIGHUP): applied with a heavy sweep, or, if it
+        does not parse, logged with its file, line and column while the running partitions stay."""
+        self._background(self._reload_partitions(via), "partitions-reload")
+
+    async def _reload_partitions(self, via: str) -> None:
+        with contextlib.suppress(NoPartitionsFile, PartitionConfigError):  # the reloader logged which
+            await self.app[RELOADER].reload(via)
 
     def _background(self, coro: Any, name: str) -> None:
         """A short task that outlives the event sink; kept referenced until it ends."""
@@ -444,7 +458,7 @@ async def _finish(task: asyncio.Task[Any], what: str) -> None:
 
 
 def run_service(settings: Settings) -> int:
-    """Run the daemon until SIGTERM or SIGINT; 0 on a clean stop."""
+    """Run the daemon until SIGTERM or SIGINT (SIGHUP re-reads the partitions file); 0 on a clean stop."""
     configure_logging(settings.log.level, settings.log.format)
     service = Service(settings)
 
@@ -453,10 +467,11 @@ def run_service(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, service.reload_partitions)
         try:
             await service.run(stop)
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
     asyncio.run(main())

@@ -249,7 +249,8 @@ class SmSettings(_Section):
     partitions: Path | None = Field(
         None,
         description="Partitions file in OpenSM's partitions.conf syntax (P_Keys, members, IPoIB groups); unset: "
-        "OpenSM's default, every port a full member of the default partition 0x7fff.",
+        "OpenSM's default, every port a full member of the default partition 0x7fff. SIGHUP or "
+        "POST /api/v1/partitions/reload re-reads it; a file with an error leaves the running one in force.",
     )
     part_enforce: Literal["both", "in", "out", "off"] = Field(
         "both",

@@ -45,6 +45,7 @@ from sm.analysis.query import describe_route
 from sm.analysis.validate import compare_cabling, duplicate_descriptions, duplicate_guids, slow_links, stuck_ports
 from sm.analysis.whatif import what_if
 from sm.lidmap import sequential_lids
+from sm.partitions.config import PartitionConfig
 from sm.routing.base import NO_ROUTE, RoutingOptions, route
 from sm.sweep.events import EventBus, LinkDown, PortRef
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
@@ -64,6 +65,10 @@ class Recorder:
 
     def request_sweep(self, reason: str, *, heavy: bool = False) -> None:
         self.requests.append((reason, heavy))
+
+    def set_partitions(self, partitions: PartitionConfig | None) -> None:
+        self.config = dataclasses.replace(self.config, partitions=partitions)
+        self.request_sweep("partitions", heavy=True)
 
 
 async def _sweep(fabric: Fabric) -> SubnetSnapshot:
@@ -339,6 +344,9 @@ async def test_route_matches_sm_query(client: TestClient, snap: SubnetSnapshot) 
         pr = body["path_record"]
         assert pr["slid"] == ref.src_lid and pr["dlid"] == ref.dst_lid and pr["mtu"] == 5
         assert pr["rate"] == 21 and pr["hop_count"] == len(ref.hops) - 1 - (f.is_switch(f.by_name(str(b))))
+        # OpenSM's default partitions (no file): every end port, switches' port 0 too, a full member of Default
+        assert body["partitions"] == [{"pkey": "0xffff", "name": "Default"}] and pr["pkey"] == "0xffff"
+        assert body["partition_note"] is None
 
 
 async def test_route_by_lid_and_guid(client: TestClient, snap: SubnetSnapshot) -> None:

@@ -251,6 +251,84 @@ def test_serve_sweeps_serves_and_stops_on_sigterm(daemon: tuple[subprocess.Popen
     assert not [r for r in records if r["level"] in ("ERROR", "CRITICAL")], records
 
 
+def _records(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def _wait_record(log: Path, proc: subprocess.Popen[bytes], want: Any, after: int = 0) -> dict[str, Any]:
+    """The first JSON log record from index ``after`` on that ``want`` accepts (within 20 s)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        for r in _records(log)[after:]:
+            if want(r):
+                return r
+        time.sleep(0.1)
+    raise AssertionError("no such log line:\n" + log.read_text()[-4000:])
+
+
+def test_sighup_reloads_the_partitions_file(tmp_path: Path) -> None:
+    from fabric.generate import fattree
+    from tests.test_partitions_sm import guid, two_tenants
+
+    f = fattree(2, 8)  # the daemon's default fabric
+    cas = [int(n) for n in f.cas]
+    conf = tmp_path / "partitions.conf"
+    conf.write_text(two_tenants(f))
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("IBFM_")}
+    env["PYTHONPATH"] = str(ROOT)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*IBFM, "serve", "--listen", f"127.0.0.1:{port}", "--log-format", "json", "--partitions", str(conf),
+             "--perfmgr-interval", "100"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_health(base, proc, log)
+
+        def partition_a() -> dict[str, Any]:
+            status, body = _get(base + "/api/v1/partitions/0x8001")
+            assert status == 200, body
+            return dict(json.loads(body)["partition"])
+
+        assert (partition_a()["full"], partition_a()["limited"]) == (4, 1)
+        # a file that does not parse: one warning naming file, line and column; the partitions stay
+        seen = len(_records(log))
+        conf.write_text("Default=0x7fff : ALL=limited, SELF=full ;\nA=0x8001, ipoib, bogus : ALL=full ;\n")
+        proc.send_signal(signal.SIGHUP)
+        r = _wait_record(log, proc, lambda r: "partitions_reload" in r, seen)
+        assert r["partitions_reload"]["via"] == "SIGHUP" and r["partitions_reload"]["result"] == "refused"
+        assert r["level"] == "WARNING" and f"{conf}:2:18: unknown partition flag 'bogus'" in r["message"]
+        assert "running configuration stays" in r["message"] and "\n" not in r["message"]
+        status, body = _get(base + "/api/v1/partitions")
+        listing = json.loads(body)
+        assert status == 200 and listing["source"] == str(conf) and listing["pending"] is False
+        assert (partition_a()["full"], partition_a()["limited"]) == (4, 1)
+        # a good file: applied by a heavy sweep; host 7 joins A
+        seen = len(_records(log))
+        conf.write_text(two_tenants(f).replace(f"{guid(f, cas[4])} ;", f"{guid(f, cas[4])}, {guid(f, cas[7])}=full ;"))
+        proc.send_signal(signal.SIGHUP)
+        r = _wait_record(log, proc, lambda r: "partitions_reload" in r, seen)
+        assert r["partitions_reload"]["result"] == "applied" and r["level"] == "INFO"
+        assert r["message"].startswith(f"partitions reloaded (SIGHUP) from {conf}: 3 partitions")
+        deadline = time.monotonic() + 20
+        while partition_a()["full"] != 5:
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.1)
+        assert partition_a()["limited"] == 1
+        _wait_record(log, proc, lambda r: "partitions" in r.get("event", {}).get("reasons", []))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert not [r for r in _records(log) if r["level"] in ("ERROR", "CRITICAL")]
+
+
 def test_serve_refuses_a_bad_topology(tmp_path: Path) -> None:
     bad = tmp_path / "bad.net"
     bad.write_text('Switch 4 "s1"\n[9] "h1"[1]\n')

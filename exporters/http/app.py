@@ -23,6 +23,7 @@ from exporters.http.common import (
 from exporters.http.congestion import analysis
 from exporters.http.health import health, validation
 from exporters.http.openapi import API_PREFIX, build_openapi
+from exporters.http.partitions import RELOADER, PartitionReloader, partitions
 from exporters.http.routes import routing
 from exporters.http.state import RUNTIME, Runtime
 from exporters.http.sweep import control
@@ -48,7 +49,7 @@ async def get_index(request: web.Request) -> web.Response:
 
 # -- the app -------------------------------------------------------------------------------------------------
 
-ROUTE_TABLES = (meta, health, topology, routing, validation, analysis, control)
+ROUTE_TABLES = (meta, health, topology, routing, partitions, validation, analysis, control)
 
 
 def create_app(
@@ -68,6 +69,7 @@ def create_app(
     rt = Runtime(heavy=asyncio.Semaphore(max(1, cfg.heavy_jobs)))
     rt.openapi = json.dumps(build_openapi(metrics=metrics is not None)).encode()
     app[RUNTIME] = rt
+    app[RELOADER] = PartitionReloader(manager, cfg.partitions_file)
     for table in ROUTE_TABLES:
         app.add_routes(table)
     if metrics is not None:

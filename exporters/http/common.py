@@ -23,6 +23,7 @@ from fabric.errors import IbfmError
 from fabric.model import (
     Fabric,
 )
+from sm.partitions.config import PartitionConfig
 from sm.sweep.events import EventBus
 from sm.sweep.manager import SmConfig, SubnetSnapshot
 
@@ -49,6 +50,8 @@ class SubnetSource(Protocol):
 
     def request_sweep(self, reason: str, *, heavy: bool = False) -> None: ...
 
+    def set_partitions(self, partitions: PartitionConfig | None) -> None: ...
+
 
 class CounterSource(Protocol):
     """What the API reads of :class:`~sm.perf.perfmgr.PerfManager`."""
@@ -72,10 +75,13 @@ class ApiConfig:
     max_body_bytes: int = 64 << 20
     heavy_jobs: int = 1
     """What-ifs and posted validations running at once; more are answered 429."""
+    partitions_file: Path | None = None
+    """The partitions file (``sm.partitions``) that ``POST /partitions/reload`` re-reads; None: 409."""
 
 
 class ApiError(IbfmError):
-    """An answer other than 2xx, as JSON ``{error, detail, parameter}``."""
+    """An answer other than 2xx, as JSON ``{error, detail, parameter}``, plus the ``extra`` fields of its error
+    (an error whose schema documents them, e.g. where a partitions file is wrong)."""
 
     def __init__(
         self,
@@ -84,6 +90,7 @@ class ApiError(IbfmError):
         detail: str,
         parameter: str | None = None,
         headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(detail)
         self.status = status
@@ -91,12 +98,20 @@ class ApiError(IbfmError):
         self.detail = detail
         self.parameter = parameter
         self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
 
 
 def error_response(
-    status: int, error: str, detail: str, parameter: str | None = None, headers: Mapping[str, str] | None = None
+    status: int,
+    error: str,
+    detail: str,
+    parameter: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> web.Response:
-    body = {"error": error, "detail": detail, "parameter": parameter}
+    body: dict[str, Any] = {"error": error, "detail": detail, "parameter": parameter}
+    if extra:
+        body.update((k, v) for k, v in extra.items() if k not in body)
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -264,7 +279,7 @@ async def error_middleware(
     try:
         return await handler(request)
     except ApiError as e:
-        return error_response(e.status, e.error, e.detail, e.parameter, e.headers)
+        return error_response(e.status, e.error, e.detail, e.parameter, e.headers, e.extra)
     except web.RequestPayloadError as e:  # bad chunked framing, Content-Encoding that does not decode, ...
         return error_response(400, "bad_body", f"the body could not be read: {_protocol_error_text(e)}", "body")
     except web.HTTPException as e:

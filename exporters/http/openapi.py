@@ -65,6 +65,10 @@ NETFILE_SCHEMA: dict[str, Any] = {
 }
 OFFSET_MAX = 1 << 31
 """Largest ``offset`` of a page."""
+_DEC16 = r"(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+PKEY_PATTERN = rf"^(?:0[xX][0-9a-fA-F]{{1,4}}|{_DEC16})$"
+"""A P_Key in a path: ``0x`` and 1-4 hex digits, or a decimal 0..65535 (at most 4 digits with leading zeros)."""
+PKEY_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 6, "pattern": PKEY_PATTERN}
 
 
 def _keywords(schema: dict[str, Any]) -> dict[str, Any]:
@@ -204,6 +208,12 @@ class PathRecord(_M):
     hop_count: int = Field(description="Links crossed.")
 
 
+class PartitionRef(_M):
+    pkey: str = Field(description="The P_Key as the source's P_KeyTable holds it: `0x8001` full member, "
+                      "`0x0001` limited.")
+    name: str | None = Field(description="The partition's name in the partitions file.")
+
+
 class RouteInfo(_M):
     src: RouteEndpoint
     dst: RouteEndpoint
@@ -212,7 +222,16 @@ class RouteInfo(_M):
     hops: list[RouteHop]
     path_mtu: int = Field(description="Smallest MTU on the path, bytes (0 if broken).")
     rate_gbps: float = Field(description="Smallest data rate on the path, Gb/s (0 if broken).")
-    path_record: PathRecord | None
+    path_record: PathRecord | None = Field(
+        description="What the SA would answer: null when the route breaks, for a port to itself, and when the two "
+        "ports share no partition."
+    )
+    partitions: list[PartitionRef] | None = Field(
+        description="The partitions the two ports may talk in (a key both hold, a full member on one side at "
+        "least), in the source's P_KeyTable order: the first is the P_Key a PathRecord carries. Empty: they "
+        "share none and cannot talk. Null: the snapshot has no partition plan."
+    )
+    partition_note: str | None = Field(description="Why the two ports cannot talk, when they share no partition.")
 
 
 class LftEntry(_M):
@@ -430,6 +449,74 @@ class EventPage(_M):
     items: list[dict[str, Any]] = Field(description="Events, oldest first (see the Event schema).")
 
 
+Membership = Literal["full", "limited", "both"]
+
+
+class PartitionInfo(_M):
+    """One partition of the current plan: its statement's flags and how many end ports it has."""
+
+    name: str
+    pkey: str = Field(description="The P_Key, full-member form (`0x8001`; `0xffff` for Default).")
+    ipoib: bool = Field(description="The partition has an IPoIB broadcast group.")
+    indx0: bool = Field(description="Its members hold its key at P_KeyTable index 0.")
+    mtu: int | None = Field(description="Broadcast group MTU code (1 = 256 .. 5 = 4096); null: not given.")
+    rate: int | None = Field(description="Broadcast group rate code; null: not given.")
+    sl: int | None = Field(description="Service level; null: not given (0).")
+    scope: list[int] | None = Field(description="Broadcast group scopes; null: not given (2, link-local).")
+    defmember: Membership = Field(description="Membership of members that do not say theirs.")
+    members: int = Field(description="End ports in the partition (switch port 0, CA and router ports).")
+    full: int = Field(description="Full members.")
+    limited: int = Field(description="Limited members (with allow_both_pkeys a port may count in both).")
+
+
+class PartitionList(_M):
+    source: str = Field(description="The partitions file planned, or `<no partitions file>` (OpenSM's default).")
+    sweep: int = Field(description="The heavy sweep whose plan this is.")
+    pending: bool = Field(
+        description="A reloaded file waits for the heavy sweep that applies it: these are still the old partitions."
+    )
+    total: int
+    items: list[PartitionInfo] = Field(description="Every partition, Default first, then in file order.")
+    problems_total: int
+    problems: list[str] = Field(
+        description="What the fabric made of the file that the file alone does not say: GUIDs not on the subnet, "
+        "keys left out of full P_KeyTables, enforcement turned off (at most 1,000)."
+    )
+
+
+class PartitionMember(_M):
+    node: str
+    guid: str = Field(description="Node GUID, 0x-prefixed hex.")
+    port: int = Field(description="0 for a switch.")
+    port_guid: str
+    lid: int | None
+    membership: Membership = Field(description="`both` only with allow_both_pkeys.")
+
+
+class PartitionDetail(_M):
+    partition: PartitionInfo
+    total: int = Field(description="Members matching the filter (before paging).")
+    offset: int
+    limit: int
+    items: list[PartitionMember] = Field(description="Members in node (GUID) order.")
+
+
+class PartitionsReloaded(_M):
+    source: str = Field(description="The file read.")
+    partitions: int = Field(description="Partitions it holds, Default included.")
+    changed: bool = Field(description="It differs from the configuration in force before.")
+    sweep: int | None = Field(description="Number of the last completed heavy sweep; the next one applies the file.")
+
+
+class PartitionsFileError(ErrorBody):
+    """A partitions file that does not parse: where, and what."""
+
+    file: str
+    line: int | None = Field(description="1-based; null when the file could not be read at all.")
+    column: int | None
+    message: str = Field(description="What is wrong there.")
+
+
 MODELS: tuple[type[BaseModel], ...] = (
     ErrorBody,
     NodePage,
@@ -446,6 +533,10 @@ MODELS: tuple[type[BaseModel], ...] = (
     SweepRequest,
     SweepAccepted,
     EventPage,
+    PartitionList,
+    PartitionDetail,
+    PartitionsReloaded,
+    PartitionsFileError,
 )
 
 
@@ -670,6 +761,46 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                 "responses": {"202": _json("SweepAccepted", "Requested"), **_errors(400, 401, 403, 415)},
             }
         },
+        f"{API_PREFIX}/partitions": {
+            "get": {
+                "tags": ["partitions"],
+                "operationId": "listPartitions",
+                "summary": "Partitions of the current plan: flags, member counts, problems, the file",
+                "responses": {"200": _json("PartitionList", "The partitions"), **_errors(400, 503)},
+            }
+        },
+        f"{API_PREFIX}/partitions/{{pkey}}": {
+            "get": {
+                "tags": ["partitions"],
+                "operationId": "getPartition",
+                "summary": "One partition and a page of its members",
+                "parameters": [
+                    _param("pkey", "path", PKEY_SCHEMA,
+                           "P_Key, `0x8001` or decimal; its low 15 bits name the partition (0x0001 is 0x8001).",
+                           example="0x7fff"),
+                    _param("membership", "query", {"type": "string", "enum": ["full", "limited"]},
+                           "Only full or only limited members (case-insensitive)."),
+                    _LIMIT,
+                    _OFFSET,
+                ],
+                "responses": {"200": _json("PartitionDetail", "The partition"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/partitions/reload": {
+            "post": {
+                "tags": ["control"],
+                "operationId": "reloadPartitions",
+                "summary": "Read the partitions file (sm.partitions) again and apply it with a heavy sweep, as "
+                "SIGHUP does (needs the bearer token)",
+                "security": [{"bearer": []}],
+                "responses": {
+                    "200": _json("PartitionsReloaded", "Read; the next heavy sweep applies it"),
+                    "400": _json("PartitionsFileError", "The file does not parse; the running configuration stays"),
+                    "409": _json("ErrorBody", "No partitions file is configured"),
+                    **_errors(401, 403),
+                },
+            }
+        },
         f"{API_PREFIX}/events": {
             "get": {
                 "tags": ["subnet"],
@@ -737,5 +868,8 @@ MODEL_FOR: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/whatif"): WhatIf,
     ("post", "/sweep"): SweepAccepted,
     ("get", "/events"): EventPage,
+    ("get", "/partitions"): PartitionList,
+    ("get", "/partitions/{pkey}"): PartitionDetail,
+    ("post", "/partitions/reload"): PartitionsReloaded,
 }
 """Response model of each operation's success answer (paths without the prefix), for tests and tools."""

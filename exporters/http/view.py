@@ -88,6 +88,9 @@ class SnapshotView:
         self.validation_key: object = None
         self.congestion: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
         self.baseline: dict[tuple[str, int], dict[str, Any]] = {}
+        self.plan = snap.partitions
+        self.partition_items: list[dict[str, Any]] | None = None
+        """Every partition as ``GET /partitions`` lists it (:mod:`exporters.http.partitions` fills it)."""
 
     # -- endpoints and nodes
 
@@ -269,15 +272,21 @@ class SnapshotView:
         delivered = failure is None
         path_mtu = MTU_BYTES.get(min(mtus), 0) if delivered and mtus else 0
         rate = min(rates) if delivered and rates else 0.0
+        shared = self.shared_partitions((sn, sp), (dn, dp))
+        note = None
+        if shared is not None and not shared:
+            note = (f"{self.names[sn]}[{sp}] and {self.names[dn]}[{dp}] share no partition (none that both P_KeyTables "
+                    "hold with a full member on one side): the SA gives them no PathRecord and the switches drop "
+                    "their packets, so they cannot talk")
         record = None
-        if delivered and mtus:
+        if delivered and mtus and (shared is None or shared):
             sig = min(signal)
             record = {
                 "sgid": _gid(self.subnet_prefix, int(f.port_guid[sn, sp])),
                 "dgid": _gid(self.subnet_prefix, int(f.port_guid[dn, dp])),
                 "slid": slid,
                 "dlid": dlid,
-                "pkey": "0xffff",
+                "pkey": shared[0]["pkey"] if shared else "0xffff",
                 "sl": 0,
                 "mtu": min(mtus),
                 "mtu_bytes": path_mtu,
@@ -294,7 +303,22 @@ class SnapshotView:
             "path_mtu": path_mtu,
             "rate_gbps": rate,
             "path_record": record,
+            "partitions": shared,
+            "partition_note": note,
         }
+
+    def shared_partitions(self, a: tuple[int, int], b: tuple[int, int]) -> list[dict[str, Any]] | None:
+        """The partitions end ports ``a`` and ``b`` may talk in, as ``a`` holds their keys (the first is a
+        PathRecord's P_Key); None when the snapshot has no partition plan."""
+        plan = self.plan
+        if plan is None:
+            return None
+        cfg = plan.config
+        out = []
+        for key in plan.shared(a, b):
+            part = cfg.by_pkey(key) if cfg is not None else None
+            out.append({"pkey": f"0x{key:04x}", "name": part.name if part is not None else None})
+        return out
 
     def _endpoint_json(self, n: int, p: int) -> dict[str, Any]:
         return {
