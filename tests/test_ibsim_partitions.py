@@ -33,8 +33,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,10 +44,10 @@ import pytest
 from fabric.formats.netfile import read_net
 from fabric.generate import fattree
 from fabric.model import Fabric
-from tests.conftest import free_port, need_ibsim, stop_process
+from tests.conftest import need_ibsim
 from tests.saquery_ref import opensm_sa, run_saquery
 from tests.test_ibsim_election import Ibfm, wait_for
-from tests.test_ibsim_sa import lids_of
+from tests.test_ibsim_sa import ibfm_serve_at, lids_of
 from tests.test_ibsim_sm import REPO, SIM_SPEED, Sim, parse_guid2lid, start_sim
 
 SM_HOST = "host-00000"
@@ -252,27 +252,9 @@ def ibfm_sm(sim: Sim, guid2lid: Path, partitions: Path) -> dict[str, Any]:
     return summary
 
 
-@contextmanager
-def ibfm_serve(sim: Sim, guid2lid: Path, partitions: Path) -> Iterator[Ibfm]:
+def ibfm_serve(sim: Sim, guid2lid: Path, partitions: Path) -> AbstractContextManager[Ibfm]:
     """``ibfm serve --transport umad --partitions FILE`` at the SM's host until the block ends."""
-    work = sim.work / "ibfm"
-    work.mkdir(exist_ok=True)
-    g2l = work / "guid2lid"
-    if not g2l.exists():
-        shutil.copy(guid2lid, g2l)
-    env = sim.env()
-    env["IBFM_PERFMGR__ENABLED"] = "false"
-    port = free_port()
-    log = work / "ibfm-serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ibfm.cli", "serve", "--transport", "umad", "--listen", f"127.0.0.1:{port}",
-         "--sweep-interval", "10", "--guid2lid", str(g2l), "--partitions", str(partitions)],
-        env=env, cwd=work, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        yield Ibfm(proc, port, log)
-    finally:
-        stop_process(proc)
+    return ibfm_serve_at(sim, guid2lid, extra=("--partitions", str(partitions)))
 
 
 def scribble(sim: Sim, guid2lid: Path, junk: Path, want: Tables | None, read: Callable[[], Tables]) -> Tables:

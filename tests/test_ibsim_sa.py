@@ -241,7 +241,8 @@ def ibroute(sim: Sim, lid: int) -> IbrouteTable:
 
 
 @contextmanager
-def ibfm_serve_at(sim: Sim, guid2lid: Path, *, priority: int = 0) -> Iterator[Ibfm]:
+def ibfm_serve_at(sim: Sim, guid2lid: Path, *, priority: int = 0, extra: tuple[str, ...] = ()) -> Iterator[Ibfm]:
+    """``ibfm serve --transport umad`` at the SM's host (LIDs from ``guid2lid``, ``extra`` flags) for the block."""
     work = sim.work / "ibfm"
     work.mkdir(exist_ok=True)
     g2l = work / "guid2lid"
@@ -253,7 +254,7 @@ def ibfm_serve_at(sim: Sim, guid2lid: Path, *, priority: int = 0) -> Iterator[Ib
     log = work / "ibfm.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ibfm.cli", "serve", "--transport", "umad", "--listen", f"127.0.0.1:{port}",
-         "--sweep-interval", "10", "--sm-priority", str(priority), "--guid2lid", str(g2l)],
+         "--sweep-interval", "10", "--sm-priority", str(priority), "--guid2lid", str(g2l), *extra],
         env=env, cwd=work, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
