@@ -391,6 +391,118 @@ def torus(
     return plan.build(speed)
 
 
+def dragonfly(
+    groups: int,
+    routers: int,
+    hosts_per_router: int,
+    global_links: int,
+    radix: int | None = None,
+    *,
+    speed: Speed = Speed.NDR,
+) -> Fabric:
+    """A dragonfly (Kim, Dally, Scott, Abts, ISCA 2008): ``groups`` groups of ``routers`` switches, all-to-all
+    inside a group, ``global_links`` links from each router to other groups, ``hosts_per_router`` hosts.
+
+    Every pair of groups gets the same number of global links, ``routers * global_links // (groups - 1)``
+    (one in the canonical balanced dragonfly, ``groups = routers * global_links + 1``), so ``groups`` may be
+    at most ``routers * global_links + 1``; global slots left over stay free. Group ``i``'s slot ``k``
+    (router ``k // global_links``) goes to group ``(i + 1 + k % (groups - 1)) % groups`` (the "consecutive"
+    arrangement). Router ``gGG-rRR``: ports ``1..p`` its hosts, then one per other router of its group in
+    order, then its global links. ``radix`` defaults to exactly what a router needs.
+    """
+    g, a, p, h = int(groups), int(routers), int(hosts_per_router), int(global_links)
+    if g < 2 or a < 1 or p < 0 or h < 1:
+        raise GenerateError(
+            f"dragonfly: need groups >= 2, routers >= 1, hosts >= 0, global links >= 1 (got {g}, {a}, {p}, {h})"
+        )
+    if g - 1 > a * h:
+        raise GenerateError(
+            f"dragonfly: {g} groups need at least {g - 1} global links per group; {a} routers x {h} give {a * h}"
+        )
+    need = p + (a - 1) + h
+    k = need if radix is None else int(radix)
+    if need > k or k > MAX_PORTS:
+        raise GenerateError(f"dragonfly: a router needs {need} ports ({p} hosts, {a - 1} local, {h} global); radix {k}")
+    plan = _Plan()
+    names = [f"g{gi:02d}-r{ri:02d}" for gi in range(g) for ri in range(a)]
+    sw_base = plan.add(NodeType.SWITCH, k, names)
+    n_sw = g * a
+    if p:
+        host_base = plan.add(NodeType.CA, 1, _ids("host-", n_sw * p, 4))
+        hosts = np.arange(n_sw * p, dtype=np.int64)
+        plan.cable(host_base + hosts, 1, sw_base + hosts // p, hosts % p + 1)
+    # local: all-to-all; router x's port to router y (y != x) is p + 1 + (y if y < x else y - 1)
+    src, sp, dst, dp = [], [], [], []
+    for gi in range(g):
+        for x in range(a):
+            for y in range(x + 1, a):
+                src.append(gi * a + x)
+                sp.append(p + 1 + (y - 1))
+                dst.append(gi * a + y)
+                dp.append(p + 1 + x)
+    # global: pairs of groups, ``per`` links each
+    per = a * h // (g - 1)
+    for i in range(g):
+        for j in range(i + 1, g):
+            for c in range(per):
+                ki = c * (g - 1) + (j - i - 1) % g
+                kj = c * (g - 1) + (i - j - 1) % g
+                src.append(i * a + ki // h)
+                sp.append(p + a + ki % h)
+                dst.append(j * a + kj // h)
+                dp.append(p + a + kj % h)
+    if src:
+        plan.cable(sw_base + np.array(src), np.array(sp), sw_base + np.array(dst), np.array(dp))
+    return plan.build(speed)
+
+
+def random_regular(
+    switches: int,
+    degree: int,
+    hosts_per_switch: int = 1,
+    radix: int | None = None,
+    *,
+    seed: int = 0,
+    speed: Speed = Speed.NDR,
+) -> Fabric:
+    """A random ``degree``-regular graph of ``switches`` switches (Jellyfish, Singla et al., NSDI 2012), connected,
+    ``hosts_per_switch`` hosts on each; the same ``seed`` gives the same fabric.
+
+    Switch ``sw-NNNN``: ports ``1..H`` its hosts, then its neighbours in ascending order. ``switches *
+    degree`` must be even and ``degree < switches``. ``radix`` defaults to ``H + degree``.
+    """
+    import networkx as nx
+
+    n, d, hh = int(switches), int(degree), int(hosts_per_switch)
+    if n < 2 or not 1 <= d < n or (n * d) % 2 or hh < 0:
+        raise GenerateError(
+            f"random: need 2+ switches, 1 <= degree < switches, switches x degree even (got {n} x {d}), hosts >= 0"
+        )
+    k = hh + d if radix is None else int(radix)
+    if hh + d > k or k > MAX_PORTS:
+        raise GenerateError(f"random: {hh} hosts + degree {d} need {hh + d} ports; radix {k}")
+    for attempt in range(100):
+        graph = nx.random_regular_graph(d, n, seed=seed * 1000 + attempt)
+        if nx.is_connected(graph):
+            break
+    else:
+        raise GenerateError(f"random: no connected {d}-regular graph of {n} switches in 100 draws (seed {seed})")
+    plan = _Plan()
+    sw_base = plan.add(NodeType.SWITCH, k, _ids("sw-", n, 4))
+    if hh:
+        host_base = plan.add(NodeType.CA, 1, _ids("host-", n * hh, 4))
+        hosts = np.arange(n * hh, dtype=np.int64)
+        plan.cable(host_base + hosts, 1, sw_base + hosts // hh, hosts % hh + 1)
+    port_of = {v: {u: hh + 1 + i for i, u in enumerate(sorted(graph[v]))} for v in graph}
+    edges = sorted((min(u, v), max(u, v)) for u, v in graph.edges())
+    a = np.array([u for u, _ in edges], np.int64)
+    b = np.array([v for _, v in edges], np.int64)
+    pa = np.array([port_of[u][v] for u, v in edges], np.int64)
+    pb = np.array([port_of[v][u] for u, v in edges], np.int64)
+    plan.cable(sw_base + a, pa, sw_base + b, pb)
+    return plan.build(speed)
+
+
 # -- degradation -------------------------------------------------------------------------------------
 
 

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from fabric.generate import GenerateError, degrade, fattree, rail_cluster, ring, torus, xgft
+from fabric.generate import (
+    GenerateError,
+    degrade,
+    dragonfly,
+    fattree,
+    rail_cluster,
+    random_regular,
+    ring,
+    torus,
+    xgft,
+)
 from fabric.model import NO_PEER, Fabric, NodeType, PhysState, Speed
 from fabric.shape import components, detect_shape, switch_ranks
 
@@ -493,3 +505,79 @@ def test_connect_many_equals_one_at_a_time_and_refuses_bad_rows() -> None:
     # The GUID lookups rebuilt without a per-node loop: every end port by its port GUID.
     for n, p in f.endports().tolist():
         assert f.by_port_guid(int(f.port_guid[n, p])) == (n, p)
+
+
+# -- dragonfly and random regular graphs --------------------------------------------------------------------
+
+
+def _switch_graph(f: Fabric) -> dict[int, list[int]]:
+    """Switch node -> the switches its cables reach, one entry per cable."""
+    out: dict[int, list[int]] = {int(s): [] for s in f.switches}
+    for a, _, b, _ in f.link_array().tolist():
+        if f.is_switch(a) and f.is_switch(b):
+            out[a].append(b)
+            out[b].append(a)
+    return out
+
+
+@pytest.mark.parametrize(("g", "a", "p", "h"), [(9, 4, 2, 2), (5, 2, 1, 2), (4, 4, 2, 3), (3, 2, 0, 1)])
+def test_dragonfly_groups_all_to_all_and_every_pair_of_groups_linked_alike(g: int, a: int, p: int, h: int) -> None:
+    f = dragonfly(g, a, p, h)
+    assert len(f.switches) == g * a and len(f.cas) == g * a * p
+    group = {int(s): int(f.names[s][1:3]) for s in f.switches}
+    nbrs = _switch_graph(f)
+    per = a * h // (g - 1)
+    between: Counter[tuple[int, int]] = Counter()
+    for s, others in nbrs.items():
+        local = [o for o in others if group[o] == group[s]]
+        assert sorted(local) == sorted(o for o in group if group[o] == group[s] and o != s)  # all-to-all, once
+        remote = [o for o in others if group[o] != group[s]]
+        assert len(remote) <= h
+        for o in remote:
+            between[(group[s], group[o])] += 1
+    assert set(between) == {(i, j) for i in range(g) for j in range(g) if i != j}
+    assert set(between.values()) == {per}
+    ports = f.nports[f.switches]
+    assert (ports == p + a - 1 + h).all()  # radix defaults to what a router needs
+    for s in f.switches.tolist():  # hosts first
+        for port in range(1, p + 1):
+            assert not f.is_switch(int(f.peer_node[s, port]))
+
+
+def test_dragonfly_refuses_what_it_cannot_build() -> None:
+    with pytest.raises(GenerateError, match="global links per group"):
+        dragonfly(10, 4, 2, 2)  # 9 other groups, 8 global slots
+    with pytest.raises(GenerateError, match="needs 7 ports"):
+        dragonfly(5, 4, 2, 2, radix=6)
+    with pytest.raises(GenerateError, match="groups >= 2"):
+        dragonfly(1, 4, 2, 2)
+
+
+def test_random_regular_is_regular_connected_and_reproducible() -> None:
+    f = random_regular(24, 5, 2, seed=7)
+    nbrs = _switch_graph(f)
+    assert all(len(v) == 5 for v in nbrs.values()) and all(len(set(v)) == 5 for v in nbrs.values())
+    import networkx as nx
+
+    graph = nx.Graph([(a, b) for a, bs in nbrs.items() for b in bs])
+    assert nx.is_connected(graph) and len(f.cas) == 48
+    again = random_regular(24, 5, 2, seed=7)
+    assert f.link_array().tolist() == again.link_array().tolist()
+    other = random_regular(24, 5, 2, seed=8)
+    assert f.link_array().tolist() != other.link_array().tolist()
+    for bad in ((5, 3, 1), (4, 4, 1), (1, 1, 1)):
+        with pytest.raises(GenerateError):
+            random_regular(*bad)
+
+
+@pytest.mark.parametrize("make", [lambda: dragonfly(5, 2, 1, 2), lambda: random_regular(12, 3, 1, seed=3)])
+async def test_the_sm_routes_them_deadlock_free(make: Any) -> None:
+    from fabric.emulator import EmulatedFabric
+    from sm.sweep.manager import FabricManager, SmConfig
+    from sm.transport.emulated import EmulatedTransport
+
+    f = make()
+    snap = await FabricManager(
+        EmulatedTransport(EmulatedFabric(f), issm=True), SmConfig(offload=False)
+    ).heavy_sweep()
+    assert snap.up and snap.verify.unreachable == 0 and not snap.credit_loops

@@ -83,6 +83,22 @@ def _register_gen(topo_sub: Any) -> None:
     p.add_argument("--radix", type=int_at_least(1), default=16, metavar="K")
     p.set_defaults(func=_run_gen)
 
+    p = kinds.add_parser("dragonfly", parents=[common], help="dragonfly: all-to-all groups joined by global links")
+    p.add_argument("--groups", type=int_at_least(2), required=True, metavar="G")
+    p.add_argument("--routers", type=int_at_least(1), required=True, metavar="A", help="switches per group")
+    p.add_argument("--hosts-per-router", type=int_at_least(0), default=2, metavar="P")
+    p.add_argument("--global-links", type=int_at_least(1), required=True, metavar="H", help="per router")
+    p.add_argument("--radix", type=int_at_least(1), metavar="K", help="default: what a router needs")
+    p.set_defaults(func=_run_gen)
+
+    p = kinds.add_parser("random", parents=[common], help="random regular switch graph (Jellyfish)")
+    p.add_argument("--switches", type=int_at_least(2), required=True, metavar="N")
+    p.add_argument("--degree", type=int_at_least(1), required=True, metavar="D", help="switch-to-switch links each")
+    p.add_argument("--hosts-per-switch", type=int_at_least(0), default=1, metavar="H")
+    p.add_argument("--radix", type=int_at_least(1), metavar="K", help="default: H + D")
+    p.add_argument("--graph-seed", type=int, default=0, help="seed of the random graph (default 0)")
+    p.set_defaults(func=_run_gen)
+
     p = kinds.add_parser("ring", parents=[common], help="ring of switches")
     p.add_argument("--switches", type=int_at_least(1), required=True, metavar="N")
     p.add_argument("--hosts-per-switch", type=int_at_least(0), default=1, metavar="H")
@@ -108,6 +124,14 @@ def _generate(args: argparse.Namespace) -> Fabric:
         if len(args.dims) not in (2, 3):
             raise IbfmError(f"torus --dims {'x'.join(map(str, args.dims))}: give 2 or 3 dimensions")
         return g.torus(args.dims, args.hosts_per_switch, args.radix, speed=args.speed)
+    if args.kind == "dragonfly":
+        return g.dragonfly(
+            args.groups, args.routers, args.hosts_per_router, args.global_links, args.radix, speed=args.speed
+        )
+    if args.kind == "random":
+        return g.random_regular(
+            args.switches, args.degree, args.hosts_per_switch, args.radix, seed=args.graph_seed, speed=args.speed
+        )
     if args.kind == "ring":
         return g.ring(args.switches, args.hosts_per_switch, args.radix, speed=args.speed)
     if args.kind == "rail":
