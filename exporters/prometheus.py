@@ -36,6 +36,7 @@ import logging
 import math
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -883,6 +884,8 @@ class MetricsRenderer:
         self._cached: tuple[tuple[object, ...], list[Chunk]] | None = None
         """(inputs key, output), replaced in one assignment."""
         self._family_text: dict[str, tuple[_Rows, npt.NDArray[Any], list[Chunk]]] = {}
+        self._gzipped: tuple[list[Chunk], bytes] | None = None
+        """(output, that output gzipped), replaced in one assignment."""
 
     def render(self) -> bytes:
         return b"".join(self.render_chunks())
@@ -897,6 +900,18 @@ class MetricsRenderer:
         if cached is not None and _same_key(cached[0], captured.key()):
             return cached[1]
         return await asyncio.to_thread(self._render, captured)
+
+    async def render_gzip_async(self) -> bytes:
+        """The output gzipped (what a scraper asking ``Accept-Encoding: gzip`` gets, as Prometheus always
+        asks), compressed in a thread once per output and kept until the output changes. Level 1: on the
+        11,664-host fabric the text compresses about tenfold at this level, several times faster than at 6."""
+        chunks = await self.render_async()
+        gz = self._gzipped
+        if gz is not None and gz[0] is chunks:
+            return gz[1]
+        body = await asyncio.to_thread(_gzip, chunks)
+        self._gzipped = (chunks, body)
+        return body
 
     def _render(self, c: _Captured) -> list[Chunk]:
         t0 = time.perf_counter()
@@ -944,12 +959,50 @@ def render_metrics(inputs: MetricsInputs) -> bytes:
     return MetricsRenderer(lambda: inputs).render()
 
 
+def _gzip(chunks: Sequence[Chunk]) -> bytes:
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: a gzip member
+    out = [z.compress(c) for c in chunks]
+    out.append(z.flush())
+    return b"".join(out)
+
+
+def accepts_gzip(header: str) -> bool:
+    """Whether an ``Accept-Encoding`` value takes gzip (``gzip`` or ``*`` with a q-value above 0; RFC 9110)."""
+    for part in header.split(","):
+        name, _, params = part.partition(";")
+        if name.strip().lower() not in ("gzip", "*"):
+            continue
+        q = 1.0
+        for p in params.split(";"):
+            k, _, v = p.strip().partition("=")
+            if k.strip().lower() == "q":
+                try:
+                    q = float(v)
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            return True
+    return False
+
+
 def metrics_handler(renderer: MetricsRenderer) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """An aiohttp handler for ``GET /metrics``: cached text, rendered off the event loop when stale."""
+    """An aiohttp handler for ``GET /metrics``: cached text, rendered off the event loop when stale; gzipped
+    (and that kept) when the scraper asks for it, as client_python and node_exporter do."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            body = await renderer.render_gzip_async()
+            resp = web.StreamResponse(
+                headers={"Content-Type": CONTENT_TYPE, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+            )
+            resp.content_length = len(body)
+            await resp.prepare(request)
+            if request.method != "HEAD":
+                await resp.write(body)
+            await resp.write_eof()
+            return resp
         chunks = await renderer.render_async()
-        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"})
         resp.content_length = sum(map(len, chunks))
         await resp.prepare(request)
         if request.method != "HEAD":

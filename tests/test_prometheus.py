@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import logging
 import re
 import subprocess
@@ -29,6 +30,7 @@ from exporters.prometheus import (
     PortPrediction,
     SmFigures,
     SweepStats,
+    accepts_gzip,
     metrics_handler,
     render_metrics,
 )
@@ -429,14 +431,45 @@ async def test_metrics_handler_serves_the_text(rig: Rig) -> None:
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler(r))
     async with TestClient(TestServer(app)) as client:
-        resp = await client.get("/metrics")
+        resp = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
         assert resp.status == 200
-        assert resp.headers["Content-Type"] == CONTENT_TYPE
+        assert resp.headers["Content-Type"] == CONTENT_TYPE and "Content-Encoding" not in resp.headers
         body = await resp.read()
         assert int(resp.headers["Content-Length"]) == len(body)
         assert parse(body) == parse(r.render())
-        head = await client.head("/metrics")
+        head = await client.head("/metrics", headers={"Accept-Encoding": "identity"})
         assert head.status == 200 and await head.read() == b""
+
+
+async def test_metrics_gzipped_when_asked_and_kept_until_the_output_changes(rig: Rig) -> None:
+    r = MetricsRenderer(rig.inputs)
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(r))
+    async with TestClient(TestServer(app)) as client:
+        # as Prometheus asks; auto_decompress off to see the bytes on the wire
+        resp = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+        assert resp.status == 200 and resp.headers["Content-Encoding"] == "gzip"
+        assert resp.headers["Vary"] == "Accept-Encoding"
+        wire = await resp.read()
+        assert int(resp.headers["Content-Length"]) == len(wire)
+        text = gzip.decompress(wire)
+        assert parse(text) == parse(r.render()) and len(wire) < len(text) / 3
+        again = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+        assert await again.read() == wire
+        kept = r._gzipped
+        assert kept is not None
+        await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+        assert r._gzipped is kept  # the same output: compressed once
+        for refused in ("gzip;q=0", "br", "identity", ""):
+            resp = await client.get("/metrics", headers={"Accept-Encoding": refused}, auto_decompress=False)
+            assert "Content-Encoding" not in resp.headers, refused
+
+
+def test_accepts_gzip() -> None:
+    assert accepts_gzip("gzip") and accepts_gzip("deflate, gzip;q=0.5") and accepts_gzip("*")
+    assert accepts_gzip("GZIP ; q=1.0") and accepts_gzip("br;q=1, gzip;q=0.001")
+    assert not accepts_gzip("") and not accepts_gzip("gzip;q=0") and not accepts_gzip("identity")
+    assert not accepts_gzip("gzip;q=zero") and not accepts_gzip("x-gzip")
 
 
 def _iter_lines(text: bytes) -> Iterator[bytes]:
