@@ -574,3 +574,49 @@ def _have_shape() -> bool:
     except ImportError:
         return False
     return True
+
+
+# -- GraphML and node-link JSON (ibfm topo export) --------------------------------------------------------
+
+
+def test_export_graph_round_trips_through_networkx(tmp_path: Path) -> None:
+    import networkx as nx
+
+    from fabric.formats.graph import export_graph, to_networkx
+    from fabric.generate import fattree, ring
+
+    f = fattree(2, 4)
+    a, pa, b, pb = (int(x) for x in f.link_array()[0])
+    f.state[a, pa] = f.state[b, pb] = 1  # one cable down (PortState DOWN)
+    f.phys_state[a, pa] = f.phys_state[b, pb] = 3
+    g = to_networkx(f)
+    assert g.number_of_nodes() == f.n_nodes and g.number_of_edges() == f.link_array(up_only=False).shape[0]
+    back = nx.read_graphml(io.StringIO(export_graph(f, "graphml")), force_multigraph=True)
+    assert back.number_of_nodes() == g.number_of_nodes() and back.number_of_edges() == g.number_of_edges()
+    sw = f"{int(f.node_guid[int(f.switches[0])]):#018x}"
+    assert back.nodes[sw]["type"] == "switch" and back.nodes[sw]["name"] == f.names[int(f.switches[0])]
+    downs = [d for _, _, d in back.edges(data=True) if not d["up"]]
+    assert f.link_array().shape[0] == g.number_of_edges() - 1 and len(downs) == 1 and downs[0]["gbps"] == 0
+    ups = [d for _, _, d in back.edges(data=True) if d["up"]]
+    assert all(d["gbps"] > 0 and d["rate"] for d in ups)
+    j = nx.node_link_graph(json.loads(export_graph(f, "json")), edges="links")
+    assert sorted(j.nodes) == sorted(g.nodes) and j.number_of_edges() == g.number_of_edges()
+    # two switches joined by two cables stay two edges
+    r = ring(2, 1, radix=4)
+    assert to_networkx(r).number_of_edges() == r.link_array(up_only=False).shape[0]
+
+
+def test_topo_export_command(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from fabric.formats.netfile import write_net
+    from fabric.generate import fattree
+
+    net = tmp_path / "f.net"
+    write_net(fattree(2, 4), net)
+    out = tmp_path / "f.graphml"
+    cp = subprocess.run([sys.executable, "-m", "ibfm.cli", "topo", "export", str(net), "-o", str(out)],
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr
+    assert out.read_text().startswith("<?xml") and "<graphml" in out.read_text()

@@ -16,6 +16,7 @@ def register(subparsers: Any) -> None:
     topo_sub = topo.add_subparsers(dest="topo_command", required=True, metavar="ACTION")
     _register_gen(topo_sub)
     _register_show(topo_sub)
+    _register_export(topo_sub)
 
 
 # -- gen ---------------------------------------------------------------------------------------------
@@ -173,6 +174,27 @@ def _register_show(topo_sub: Any) -> None:
     p.add_argument("file", metavar="FILE", help="ibsim net file or saved ibnetdiscover output")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_run_show)
+
+
+def _register_export(topo_sub: Any) -> None:
+    p = topo_sub.add_parser("export", help="write a topology as GraphML or JSON (networkx node-link) for graph tools")
+    p.add_argument("file", metavar="FILE", help="ibsim net file or saved ibnetdiscover output")
+    p.add_argument("--format", choices=("graphml", "json"), default="graphml", help="default graphml")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write ('-': stdout)")
+    p.set_defaults(func=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from fabric.fileio import write_text_atomic
+    from fabric.formats.graph import export_graph
+    from fabric.formats.netfile import read_net
+
+    text = export_graph(read_net(args.file), args.format)
+    if args.output == "-":
+        print(text, end="")
+    else:
+        write_text_atomic(args.output, text)
+    return 0
 
 
 def topology_summary(fabric: Fabric) -> dict[str, Any]:
