@@ -909,7 +909,7 @@ class MetricsRenderer:
         gz = self._gzipped
         if gz is not None and gz[0] is chunks:
             return gz[1]
-        body = await asyncio.to_thread(_gzip, chunks)
+        body = await asyncio.to_thread(gzip_chunks, chunks)
         self._gzipped = (chunks, body)
         return body
 
@@ -959,7 +959,8 @@ def render_metrics(inputs: MetricsInputs) -> bytes:
     return MetricsRenderer(lambda: inputs).render()
 
 
-def _gzip(chunks: Sequence[Chunk]) -> bytes:
+def gzip_chunks(chunks: Sequence[Chunk]) -> bytes:
+    """The exposition gzipped (level 1, one gzip member), from its chunks without joining them."""
     z = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: a gzip member
     out = [z.compress(c) for c in chunks]
     out.append(z.flush())
