@@ -257,6 +257,65 @@ class SmSettings(_Section):
         description="Partition enforcement on the switch ports facing CAs (OpenSM's part_enforce): both "
         "directions, inbound or outbound only, or off.",
     )
+    m_key: int = Field(
+        0,
+        ge=0,
+        le=(1 << 64) - 1,
+        description="M_Key every end port gets (OpenSM's `m_key`; IBA 14.2.4), 64 bits: an integer or a hex "
+        'string (`"0x..."`: TOML integers stop at 2^63-1); every SMP carries the key of the port it addresses. '
+        "0 (OpenSM's default): no key, the ports are not protected. With `m_key_per_port`, the secret the "
+        "ports' keys are derived from. A secret: `--print-settings` shows only whether it is set.",
+    )
+    m_key_per_port: bool = Field(
+        False,
+        description="A key per port: a BLAKE2b MAC of the port GUID under `m_key`, 64 bits (reproducible from "
+        "the secret and the GUID alone; a key read off one port opens no other). No keys while `m_key` is 0.",
+    )
+    m_key_protection_level: int = Field(
+        0,
+        ge=0,
+        le=3,
+        description="M_KeyProtectBits (OpenSM's `m_key_protection_level`): with a wrong key, 0 fails Sets, 1 "
+        "also shows Gets the M_Key as 0, 2 and 3 fail Gets too. A failed check is dropped, counted in "
+        "M_KeyViolations and reported by trap 256.",
+    )
+    m_key_lease_period: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="M_KeyLeasePeriod in seconds (OpenSM's `m_key_lease_period`): after a failed M_Key check a "
+        "port's protection falls to 0 unless an SMP with its key comes within the lease (the sweeps send "
+        "one every half lease; keep it above `sweep_interval`). A lost key is recovered by waiting it out "
+        "(at most (lease + 1) x (hops + 1) s); 0 (OpenSM's default): never, and a lost key is an error.",
+    )
+    guid2mkey: Path | None = Field(
+        None,
+        description="guid2mkey file (OpenSM format, `0x<port guid> 0x<m_key>` per line) keeping the ports' keys "
+        "across restarts; beside it, which port is behind which (OpenSM's `neighbors` format; named `neighbors` "
+        "beside a file named `guid2mkey`, else `NAME.neighbors`), so a port's key is known before it answers. "
+        "Written atomically when they change; a rewrite that drops or changes an entry keeps `NAME.bak`. Unset: "
+        "`guid2mkey` beside `guid2lid` when that is set, else in memory (the keys are lost with the process).",
+    )
+
+    @field_validator("m_key", mode="before")
+    @classmethod
+    def _m_key(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                return int(v.strip(), 0)
+            except ValueError:
+                raise ValueError("an M_Key is a 64-bit integer (hex: 0x...)") from None
+        return v
+
+    def m_key_options(self) -> dict[str, Any]:
+        """The M_Key part of the SM's configuration, as ``SmConfig`` keyword arguments."""
+        return {
+            "m_key": self.m_key,
+            "m_key_per_port": self.m_key_per_port,
+            "m_key_protect": self.m_key_protection_level,
+            "m_key_lease": self.m_key_lease_period,
+            "guid2mkey": self.guid2mkey,
+        }
 
     @field_validator("engines", mode="before")
     @classmethod
@@ -421,9 +480,10 @@ class Settings(BaseSettings):
         return init_settings, env_settings, InitSettingsSource(settings_cls, _FILE_DATA.get() or {})
 
     def public_dict(self) -> dict[str, Any]:
-        """The effective settings as plain data, the token shown as set or not."""
+        """The effective settings as plain data, the token and the M_Key shown as set or not."""
         d = self.model_dump(mode="json")
         d["api"]["token"] = "(set)" if self.api.token is not None else None
+        d["sm"]["m_key"] = "(set)" if self.sm.m_key else 0
         return d
 
 
@@ -507,7 +567,7 @@ def _explain(e: ValidationError) -> str:
             continue
         given = err.get("input")
         shown = "" if isinstance(given, dict | BaseModel) or given is None else f" = {given!r}"
-        if "token" in dotted:
+        if "token" in dotted or dotted == "sm.m_key":
             shown = ""
         if model is not None and fields and fields[-1] == loc[-1] and model is not Settings:
             lines.append(f"settings [{dotted}]: {msg}")  # a check across one section's settings

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,11 @@ from sm.analysis.dump import format_lfts
 from sm.analysis.query import describe_route, format_route
 from sm.partitions.config import load_partitions
 from sm.sa.services import serve_port
-from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot, SweepError
 from sm.transport.base import TransportStats, WindowedTransport
+
+M_KEY_ENV = "IBFM_SM__M_KEY"
+"""Where ``--m-key`` is read from when the flag is absent (as ``ibfm serve`` reads ``sm.m_key``)."""
 
 
 def _lmc(text: str) -> int:
@@ -43,6 +47,39 @@ def _guid(text: str) -> int:
         raise argparse.ArgumentTypeError(f"bad GUID {text!r}") from None
 
 
+def _m_key(text: str) -> int:
+    try:
+        v = int(text.strip(), 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError("an M_Key is a 64-bit integer (hex: 0x...)") from None
+    if not 0 <= v < 1 << 64:
+        raise argparse.ArgumentTypeError("an M_Key is a 64-bit integer (0..0xffffffffffffffff)")
+    return v
+
+
+def _int_in(lo: int, hi: int, what: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            v = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} {text!r} is not an integer") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{what} {v} outside {lo}..{hi}")
+        return v
+
+    return parse
+
+
+def _m_key_default() -> int:
+    text = os.environ.get(M_KEY_ENV, "").strip()
+    if not text:
+        return 0
+    try:
+        return _m_key(text)
+    except argparse.ArgumentTypeError as e:
+        raise IbfmError(f"{M_KEY_ENV}: {e}") from None
+
+
 def add_fabric_args(p: argparse.ArgumentParser, *, umad: bool = True) -> None:
     """Where the fabric comes from and how the SM treats it (shared by sm, route, serve)."""
     p.add_argument("--topology", metavar="FILE", help="net file (ibsim/ibnetdiscover) loaded into the emulator")
@@ -67,6 +104,40 @@ def add_fabric_args(p: argparse.ArgumentParser, *, umad: bool = True) -> None:
         choices=("both", "in", "out", "off"),
         default="both",
         help="partition enforcement on switch ports facing CAs (default both, as OpenSM)",
+    )
+    p.add_argument(
+        "--m-key",
+        type=_m_key,
+        metavar="KEY",
+        help=f"M_Key for every end port, 64 bits (0x...; default ${M_KEY_ENV}, else 0: none, as OpenSM); a "
+        f"command line is visible to every user of the host: prefer ${M_KEY_ENV}",
+    )
+    p.add_argument(
+        "--m-key-per-port",
+        action="store_true",
+        help="a key per port, derived from --m-key and the port GUID (BLAKE2b)",
+    )
+    p.add_argument(
+        "--m-key-protection-level",
+        type=_int_in(0, 3, "M_Key protection level"),
+        default=0,
+        metavar="0..3",
+        help="M_KeyProtectBits: with a wrong key 0 fails Sets, 1 also hides the key from Gets, 2 and 3 fail "
+        "Gets (default 0)",
+    )
+    p.add_argument(
+        "--m-key-lease-period",
+        type=_int_in(0, 65535, "M_Key lease period"),
+        default=0,
+        metavar="SECONDS",
+        help="M_KeyLeasePeriod: a port's protection lapses this long after a failed check unless the SM comes "
+        "(default 0: never; a lost key is then an error)",
+    )
+    p.add_argument(
+        "--guid2mkey",
+        type=Path,
+        metavar="FILE",
+        help="guid2mkey file kept across runs (default: beside --guid2lid, else in memory)",
     )
 
 
@@ -101,6 +172,9 @@ def register(sub: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SmConfig:
+    m_key = args.m_key if args.m_key is not None else _m_key_default()
+    if args.m_key_per_port and not m_key:
+        raise IbfmError(f"--m-key-per-port derives each port's key from --m-key: give one (or set {M_KEY_ENV})")
     return SmConfig(
         engines=tuple(args.engine),
         lmc=args.lmc,
@@ -109,6 +183,11 @@ def config_from_args(args: argparse.Namespace) -> SmConfig:
         sm_priority=getattr(args, "sm_priority", 0),
         partitions=load_partitions(args.partitions) if args.partitions is not None else None,
         part_enforce=args.part_enforce,
+        m_key=m_key,
+        m_key_per_port=args.m_key_per_port,
+        m_key_protect=args.m_key_protection_level,
+        m_key_lease=args.m_key_lease_period,
+        guid2mkey=args.guid2mkey,
     )
 
 
@@ -135,9 +214,27 @@ async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportS
         transport.start()
         manager = FabricManager(transport, config)
         serve_port(transport, manager)  # peers' SMInfo and hosts' SA queries are answered meanwhile
-        return await manager.heavy_sweep(), transport.stats
+        return await sweep_through_leases(manager), transport.stats
     finally:
         await transport.close()
+
+
+async def sweep_through_leases(manager: FabricManager) -> SubnetSnapshot:
+    """A heavy sweep; while ports whose M_Key we lack wait out their lease (the manager says how long, and
+    gives up past (lease + 1) x (hops + 1) seconds), sweep again after the wait."""
+    while True:
+        try:
+            snap: SubnetSnapshot | None = await manager.heavy_sweep()
+        except SweepError:
+            if manager.m_key_retry_in() is None:
+                raise
+            snap = None
+        wait = manager.m_key_retry_in()
+        if wait is None:
+            if snap is None:  # (cannot happen: a failed sweep with no wait left raised above)
+                raise IbfmError("no sweep completed")
+            return snap
+        await asyncio.sleep(wait)
 
 
 def summary(snap: SubnetSnapshot, stats: TransportStats | None = None) -> dict[str, Any]:
@@ -169,6 +266,10 @@ def summary(snap: SubnetSnapshot, stats: TransportStats | None = None) -> dict[s
             "failures": snap.program.failures,
         },
         "partitions": _partitions_summary(snap),
+        "m_key": {
+            "ports_keyed": snap.program.m_keys_set,
+            "locked": [x.where for x in snap.m_key_locked],
+        },
         "discovery_errors": snap.discovery.errors,
         "lid_warnings": list(snap.lid_warnings),
         "smps": snap.smps,
@@ -205,6 +306,9 @@ def format_summary(s: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v:.3f}s" for k, v in s["phases_s"].items())
         + " (routing and the checks overlap programming)",
     ]
+    if s["m_key"]["ports_keyed"]:
+        lines.append(f"M_Key: {s['m_key']['ports_keyed']} ports given their key, protection level and lease")
+    lines += [f"warning: M_Key unknown (answers no key we have): {w}" for w in s["m_key"]["locked"]]
     for key in ("discovery_errors", "lid_warnings"):
         lines += [f"warning: {e}" for e in s[key]]
     lines += [f"error: {e}" for e in p["failures"]]

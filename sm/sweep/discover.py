@@ -7,6 +7,13 @@ every LinkUp port of a switch opens the next level. A GUID met again by a
 second path (loops, parallel links, a CA with two ports on different
 switches) only adds a link. Devices that do not answer are reported and the
 rest of the fabric still comes up.
+
+With M_Keys in play (``keys``), every SMP carries the key of the port it
+addresses: for a path not walked yet, the key of the port the neighbors
+record puts there (``MKeys.behind``), else the configured key; a NodeInfo
+that times out is asked once more with each other key we have for that
+port, and the key that answered serves the node's other reads. Ports that
+answer no key are listed in ``Discovery.m_key_locked``.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from fabric.model import (
     Speed,
     speed_from_portinfo,
 )
-from sm.transport.base import WindowedTransport
-from sm.transport.smp import RowCodec, smp_batch_dr, smp_get
+from sm.sweep.mkeys import LockedPort, MKeys
+from sm.transport.base import MadTimeout, WindowedTransport
+from sm.transport.smp import RowCodec, SmpAnswers, smp_batch_dr
 
 Path = tuple[int, ...]
 
@@ -149,25 +157,74 @@ class Discovery:
     smps: int
     node_info: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Node index -> NodeInfo as read (what NodeRecords carry)."""
+    m_key_locked: list[LockedPort] = field(default_factory=list)
+    """Devices behind a LinkUp port that answered no SMP with any M_Key we have for them."""
 
     def __repr__(self) -> str:
         return f"Discovery(nodes={self.fabric.n_nodes}, errors={len(self.errors)}, smps={self.smps})"
 
 
-async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Discovery:
-    """Walk the fabric from the transport's port and return what answers."""
+async def _node_infos(
+    transport: WindowedTransport, paths: list[Path], expect: list[int | None], keys: MKeys | None
+) -> tuple[SmpAnswers, list[int], set[int]]:
+    """NodeInfo at every path, each carrying the M_Key of the port expected there (``expect``: its port GUID,
+    None when unknown). Rows that time out are asked again with each other key we have for that port.
+    Returns the answers, the key each row last carried, and the rows no key got an answer from."""
+    n = len(paths)
+    if keys is None or not keys.active:
+        return await smp_batch_dr(transport, Method.GET, SmpAttr.NODE_INFO, paths, np.arange(n)), [0] * n, set()
+    tries = [keys.candidates(g) or [0] for g in expect]
+    used = [t[0] for t in tries]
+    res = await smp_batch_dr(
+        transport, Method.GET, SmpAttr.NODE_INFO, paths, np.arange(n), mkeys=np.array(used, np.uint64)
+    )
+    attempt = 1
+    while again := [j for j, e in res.errors.items() if isinstance(e, MadTimeout) and len(tries[j]) > attempt]:
+        alt = [tries[j][attempt] for j in again]
+        more = await smp_batch_dr(transport, Method.GET, SmpAttr.NODE_INFO, [paths[j] for j in again],
+                                  np.arange(len(again)), mkeys=np.array(alt, np.uint64), resend=0)  # fmt: skip
+        for i, j in enumerate(again):
+            used[j] = alt[i]
+            if more.ok[i]:
+                res.ok[j] = True
+                res.data[j] = more.data[i]
+                del res.errors[j]
+            else:
+                res.errors[j] = more.errors[i]
+        attempt += 1
+    return res, used, {j for j, e in res.errors.items() if isinstance(e, MadTimeout)}
+
+
+async def discover(transport: WindowedTransport, *, max_hops: int = 63, keys: MKeys | None = None) -> Discovery:
+    """Walk the fabric from the transport's port and return what answers; ``keys``: the M_Keys to send."""
     sent0 = transport.stats.sent
     nodes: dict[int, _NodeRec] = {}
     links: dict[tuple[int, int], tuple[int, int]] = {}
     errors: list[str] = []
+    locked: list[LockedPort] = []
     by_path: dict[Path, int] = {}
+    path_key: dict[Path, int] = {}
+    """The M_Key that got an answer at each path (the node's other reads carry it)."""
 
     def name_of(guid: int) -> str:
         rec = nodes[guid]
         return rec.desc or f"{guid:#018x}"
 
+    def expected(parent: int | None, pport: int | None) -> int | None:
+        """The port GUID behind (parent, pport) as the neighbors record says."""
+        if keys is None or parent is None or pport is None:
+            return None
+        rec = nodes[parent]
+        pg = rec.port_guids.get(0 if rec.type == NodeType.SWITCH else pport)
+        return keys.behind(pg, pport) if pg else None
+
     linkup = int(PhysState.LINKUP)
-    root_ni = await smp_get(transport, (), NODE_INFO, SmpAttr.NODE_INFO)
+    own = keys.own_guid if keys is not None else 0
+    root, used, _ = await _node_infos(transport, [()], [own or None], keys)
+    if not root.ok[0]:
+        raise root.errors[0]
+    path_key[()] = used[0]
+    root_ni: dict[str, Any] = NODE_INFO.unpack(root.data[0].tobytes())  # type: ignore[assignment]
     sm_guid = int(root_ni["NodeGUID"])
     sm_port = int(root_ni["LocalPortNum"])
     # frontier items: (path, parent guid, parent port, NodeInfo if already read)
@@ -176,9 +233,10 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
     while frontier:
         # 1. NodeInfo at every path of this level, all in flight together.
         ask = [k for k, item in enumerate(frontier) if item[3] is None]
-        res = await smp_batch_dr(
-            transport, Method.GET, SmpAttr.NODE_INFO, [frontier[k][0] for k in ask], np.arange(len(ask))
-        )
+        expect = [expected(frontier[k][1], frontier[k][2]) for k in ask]
+        res, used, silent = await _node_infos(transport, [frontier[k][0] for k in ask], expect, keys)
+        for j, k in enumerate(ask):
+            path_key[frontier[k][0]] = used[j]
         good = np.flatnonzero(res.ok)
         decoded = dict(zip(good.tolist(), _NODE_INFO.unpack_rows(res.data[good]), strict=True))
         infos: list[dict[str, Any] | None] = [item[3] for item in frontier]
@@ -188,6 +246,8 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
             if ni is None:
                 assert parent is not None
                 errors.append(f"no NodeInfo behind {name_of(parent)} port {pport} (DR {list(path)}): {res.errors[j]}")
+                if j in silent:
+                    locked.append(LockedPort(f"behind {name_of(parent)} port {pport}", path, expect[j]))
                 continue
             bad = nodeinfo_problem(ni)
             if bad:
@@ -248,7 +308,11 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
                 sinks.append((rec, "port", local))
             if len(dwhich) > at:
                 dpaths.append(path)
-        res = await smp_batch_dr(transport, Method.GET, np.array(dattr), dpaths, np.array(dwhich), np.array(dmod))
+        rows = np.array(dwhich, np.intp)
+        dkeys = np.array([path_key[p] for p in dpaths], np.uint64)[rows] if keys is not None and keys.active else None
+        res = await smp_batch_dr(
+            transport, Method.GET, np.array(dattr), dpaths, rows, np.array(dmod), mkeys=dkeys
+        )
         # PortInfo stays bytes (decoded as arrays when the model is built); the link state now.
         phys = _PORT_INFO.column(res.data, "PortPhysicalState").tolist()
         blob = res.data.tobytes()
@@ -305,6 +369,7 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63) -> Disco
         errors,
         transport.stats.sent - sent0,
         {fabric.by_guid(nd.guid): nd.node_info for nd in nodes.values() if nd.node_info is not None},
+        locked,
     )
 
 

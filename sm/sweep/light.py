@@ -14,6 +14,10 @@ the next heavy sweep routes on, without walking the fabric again, when
 the change is only links between known nodes. Anything else (a new node,
 a switch that vanished) asks for a full discovery.
 
+With M_Keys (``keys``), every SMP carries the key of the port it addresses;
+the SwitchInfo read of every switch in each light sweep is the switches'
+keep-alive (a passing M_Key check stops a running lease timer).
+
 :class:`FlapDamper` holds down a port that changes state too often.
 """
 
@@ -30,6 +34,7 @@ import numpy as np
 from fabric.mad import NODE_INFO, PORT_INFO, SWITCH_INFO, Method, SmpAttr
 from fabric.model import Fabric, NodeType, PhysState, PortState, dr_paths
 from sm.sweep.discover import Discovery, Path, apply_port_info, nodeinfo_problem
+from sm.sweep.mkeys import MKeys
 from sm.transport.base import WindowedTransport
 from sm.transport.smp import SmpRequest, smp_batch
 
@@ -69,6 +74,7 @@ async def light_sweep(
     *,
     recheck: Sequence[tuple[int, int]] = (),
     hint: Sequence[int] = (),
+    keys: MKeys | None = None,
 ) -> LightSweep:
     """Find the ports whose link changed since ``d``.
 
@@ -76,6 +82,7 @@ async def light_sweep(
     DR paths of everyone else are repaired around the links found down, so
     the SwitchInfo batch does not wait for timeouts on broken paths.
     ``recheck``: (node, port) pairs to read regardless of PortStateChange.
+    ``keys``: the M_Keys the SMPs carry.
     """
     f = d.fabric
     out = LightSweep()
@@ -87,7 +94,7 @@ async def light_sweep(
 
     async def read_switches(nodes: Iterable[int]) -> None:
         todo = sorted(set(nodes) - read)
-        ports = await _read_ports(transport, d, todo, paths)
+        ports = await _read_ports(transport, d, todo, paths, keys)
         # A switch that answered nothing is read again once its path is repaired.
         answered = {n for (n, _), info in ports.items() if info is not None}
         read.update(answered)
@@ -110,9 +117,15 @@ async def light_sweep(
             repair_paths()
     switches = [n for n in f.switches.tolist() if paths[n] is not None]
     silent = [n for n in f.switches.tolist() if paths[n] is None]
+    def mkeys(nodes: Sequence[int], ports: Sequence[int] | int = 0) -> list[int] | None:
+        return keys.row_list(f, nodes, ports) if keys is not None else None
+
     # No resend rounds here: a switch that does not answer is asked again below, by a repaired path.
     answers = await smp_batch(
-        transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches], resend=0
+        transport,
+        [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in switches],
+        resend=0,
+        mkeys=mkeys(switches),
     )
     changed: set[int] = {n for n, _ in recheck if f.node_type[n] == NodeType.SWITCH} | set(hint)
     for n, ans in zip(switches, answers, strict=True):
@@ -128,7 +141,10 @@ async def light_sweep(
         # failed links changed it, else by the same one (its SwitchInfo may just have been lost).
         retry = [n for n in silent if paths[n] is not None]
         again = await smp_batch(
-            transport, [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in retry], resend=1
+            transport,
+            [(paths[n], Method.GET, SmpAttr.SWITCH_INFO, 0, b"") for n in retry],
+            resend=1,
+            mkeys=mkeys(retry),
         )
         back = [n for n, a in zip(retry, again, strict=True) if not isinstance(a, Exception)]
         out.unreachable = sorted(set(silent) - set(back))
@@ -141,8 +157,11 @@ async def light_sweep(
         assert base is not None
         behind.append((*base, c.port))
     probes: list[SmpRequest] = [(route, Method.GET, SmpAttr.NODE_INFO, 0, b"") for route in behind]
+    probe_keys = None
+    if keys is not None and keys.active:  # the port behind as last seen there, else the configured key
+        probe_keys = [keys.key_of_route(keys.behind(int(f.port_guid[c.node, 0]), c.port)) for c in ups]
     known: list[tuple[PortChange, Path, int]] = []
-    for c, route, ans in zip(ups, behind, await smp_batch(transport, probes), strict=True):
+    for c, route, ans in zip(ups, behind, await smp_batch(transport, probes, mkeys=probe_keys), strict=True):
         if isinstance(ans, Exception):
             continue  # came up and went again, or not trained yet: the next sweep sees it
         ni = NODE_INFO.unpack(ans)
@@ -160,12 +179,19 @@ async def light_sweep(
         out.peers[(c.node, c.port)] = (guid, local)
         # A CA answers PortInfo for its ingress port (modifier 0); a switch by port number.
         known.append((c, route, 0 if f.node_type[m] != NodeType.SWITCH else local))
-    infos = await smp_batch(transport, [(r, Method.GET, SmpAttr.PORT_INFO, mod, b"") for _, r, mod in known])
+    peer_keys = None
+    if keys is not None:
+        ends = [f.by_guid(out.peers[(c.node, c.port)][0]) for c, _, _ in known]
+        peer_keys = mkeys(ends, [out.peers[(c.node, c.port)][1] for c, _, _ in known])
+    infos = await smp_batch(
+        transport, [(r, Method.GET, SmpAttr.PORT_INFO, mod, b"") for _, r, mod in known], mkeys=peer_keys
+    )
     for (c, _, _), ans in zip(known, infos, strict=True):
         if not isinstance(ans, Exception):
             out.peer_info[(c.node, c.port)] = PORT_INFO.unpack(ans)
     # Clear PortStateChange where it was set (writing 1 clears it), on switches read in full.
     clears: list[SmpRequest] = []
+    cleared: list[int] = []
     for n in sorted(changed - set(out.unreachable) - partial):
         path = paths[n]
         if path is None or n not in d.switch_info:
@@ -173,26 +199,28 @@ async def light_sweep(
         values = dict(d.switch_info[n])
         values["PortStateChange"] = 1
         clears.append((path, Method.SET, SmpAttr.SWITCH_INFO, 0, SWITCH_INFO.pack(values)))
-    await smp_batch(transport, clears)
+        cleared.append(n)
+    await smp_batch(transport, clears, mkeys=mkeys(cleared))
     out.smps = transport.stats.sent - sent0
     return out
 
 
 async def _read_ports(
-    transport: WindowedTransport, d: Discovery, switches: list[int], paths: list[Path | None]
+    transport: WindowedTransport, d: Discovery, switches: list[int], paths: list[Path | None], keys: MKeys | None
 ) -> dict[tuple[int, int], dict[str, Any] | None]:
     f = d.fabric
-    keys: list[tuple[int, int]] = []
+    where: list[tuple[int, int]] = []
     reqs: list[SmpRequest] = []
     for n in switches:
         path = paths[n]
         if path is None:
             continue
         for p in range(1, int(f.nports[n]) + 1):
-            keys.append((n, p))
+            where.append((n, p))
             reqs.append((path, Method.GET, SmpAttr.PORT_INFO, p, b""))
+    mkeys = keys.row_list(f, [n for n, _ in where]) if keys is not None else None
     out: dict[tuple[int, int], dict[str, Any] | None] = {}
-    for key, ans in zip(keys, await smp_batch(transport, reqs), strict=True):
+    for key, ans in zip(where, await smp_batch(transport, reqs, mkeys=mkeys), strict=True):
         out[key] = None if isinstance(ans, Exception) else PORT_INFO.unpack(ans)
     return out
 
@@ -278,6 +306,7 @@ def apply_changes(
         switch_info=dict(d.switch_info),  # programming updates it; the last snapshot keeps its own
         errors=[],
         smps=0,
+        m_key_locked=[],
     )
 
 

@@ -13,6 +13,15 @@ the switches first; the result is part of the snapshot and its events). A
 failed stage ends the sweep with an error naming the stage; the next sweep
 starts over. After each sweep an immutable :class:`SubnetSnapshot`
 replaces the previous one whole.
+
+M_Keys (``sm/sweep/mkeys.py``): every SMP carries the key of the port it
+addresses; the heavy sweep gives every end port its key, protection level
+and lease; the guid2mkey file keeps the keys. Ports that answer no key we
+have (a lost or wrong key) are named, and the sweeps wait out their lease
+(bounded: (lease + 1) x (hops + 1) in all) before they look again; with lease 0 that
+is an error, and no wait. A trap 256 (bad M_Key) is logged with the port and
+the requester, counted in ``FabricManager.m_key_traps``, and the port gets a
+keyed SMP at the next sweep (which the trap brings), stopping its lease timer.
 """
 
 from __future__ import annotations
@@ -22,16 +31,28 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy.ma  # noqa: F401 - np.unique imports it on first use (9 ms): at start, not mid-sweep
+import numpy as np
+import numpy.ma  # np.unique imports it on first use (9 ms): at start, not mid-sweep
 
 from fabric.errors import IbfmError
-from fabric.mad import Method, MgmtClass, PortCap, SmpAttr, SmState, notice_unpack, parse_mad, trap_repress
+from fabric.mad import (
+    PORT_INFO,
+    Method,
+    MgmtClass,
+    PortCap,
+    SmpAttr,
+    SmState,
+    Trap,
+    notice_unpack,
+    parse_mad,
+    trap_repress,
+)
 from fabric.model import Fabric, NodeType
 from sm.analysis.creditflow import CreditLoop, find_credit_loops
 from sm.analysis.verify import VerifyReport, verify_routes
@@ -60,6 +81,7 @@ from sm.sweep.events import (
 )
 from sm.sweep.lids import LidManager
 from sm.sweep.light import FlapDamper, apply_changes, hold_down, light_sweep
+from sm.sweep.mkeys import LockedPort, MKeys, touch_ports
 from sm.sweep.offload import Emit, Offload
 from sm.sweep.program import (
     HeldLfts,
@@ -71,7 +93,8 @@ from sm.sweep.program import (
     program_mfts,
     read_pkey_tables,
 )
-from sm.transport.base import WindowedTransport
+from sm.transport.base import MadTimeout, Route, WindowedTransport
+from sm.transport.smp import RowCodec, stamp_m_key
 
 if TYPE_CHECKING:
     from sm.sa.mcast_groups import McGroups
@@ -84,6 +107,8 @@ OFFLOAD_TIMEOUT_S = 600.0
 
 TRAP_SETTLE_S = 0.01
 """After a trap, how long to wait for the rest of its burst before sweeping."""
+
+_PORT_INFO = RowCodec(PORT_INFO)
 
 
 class SweepError(IbfmError):
@@ -139,6 +164,25 @@ class SmConfig:
     """The partitions file, parsed; None: OpenSM's default (every port a full member of 0x7fff)."""
     part_enforce: str = "both"
     """Partition enforcement on switch ports facing CAs: both, in, out or off (OpenSM's part_enforce)."""
+    m_key: int = dataclasses.field(default=0, repr=False)
+    """M_Key every end port gets (OpenSM's m_key; 0: none, the ports are not protected); with
+    ``m_key_per_port``, the secret each port's key is derived from. Left out of the repr: a secret."""
+    m_key_per_port: bool = False
+    """A key per port: a BLAKE2b MAC of its port GUID under ``m_key`` (sm.sweep.mkeys.derive_m_key)."""
+    m_key_protect: int = 0
+    """M_KeyProtectBits, 0..3 (OpenSM's m_key_protection_level): 0 a wrong key fails Sets, 1 and Gets read
+    the M_Key as 0, 2 and 3 Gets fail too."""
+    m_key_lease: int = 0
+    """M_KeyLeasePeriod, seconds (OpenSM's m_key_lease_period; 0: the protection never lapses)."""
+    guid2mkey: Path | None = None
+    """guid2mkey file (OpenSM's format); None: beside ``guid2lid`` when that is set, else in memory."""
+
+    @property
+    def guid2mkey_path(self) -> Path | None:
+        """Where the guid2mkey file is: ``guid2mkey``, else beside ``guid2lid``, else nowhere (in memory)."""
+        if self.guid2mkey is not None:
+            return self.guid2mkey
+        return self.guid2lid.with_name("guid2mkey") if self.guid2lid is not None else None
 
 
 @dataclass(frozen=True)
@@ -174,6 +218,8 @@ class SubnetSnapshot:
     partitions: PartitionPlan | None = None
     """Every port's P_Key table and partition memberships (what PathRecords and PKeyTableRecords
     answer from); None only in snapshots built outside a sweep."""
+    m_key_locked: tuple[LockedPort, ...] = ()
+    """Ports that answered no SMP carrying any M_Key this SM has for them (waited out: see the log)."""
 
     def __repr__(self) -> str:
         # Short: the generated repr walks every PortInfo dict of the discovery (seconds on a large
@@ -261,6 +307,61 @@ class FabricManager:
         """Unsolicited MADs that looked like traps but were no readable Notice."""
         self.repress_failures = 0
         """TrapRepresses that could not be posted."""
+        cfg = self.config
+        self.m_keys = MKeys(
+            key=cfg.m_key,
+            per_port=cfg.m_key_per_port,
+            protect=cfg.m_key_protect,
+            lease=cfg.m_key_lease,
+            path=cfg.guid2mkey_path,
+        )
+        """The M_Keys: what each port holds and should hold, the guid2mkey file."""
+        for w in self.m_keys.warnings:
+            log.warning("M_Key: %s", w)
+        self.m_key_traps = 0
+        """Traps 256 (bad M_Key: an SMP with a wrong key reached a port) received. A counter here; the
+        metric belongs in exporters/metrics.py."""
+        self.m_key_locked: list[LockedPort] = []
+        """Ports that answered no SMP carrying any key we have for them, at the last heavy sweep."""
+        self._m_key_retry_at: float | None = None
+        """When (monotonic) the next sweep looks at locked ports again, their lease run out."""
+        self._m_key_deadline: float | None = None
+        """Until when (monotonic) the sweeps wait out leases for the ports locked now ((lease + 1) x (hops + 1))."""
+        self._m_key_since = 0.0
+        self._m_key_said: frozenset[str] = frozenset()
+        self._m_key_gave_up = False
+        self._m_key_touch: set[tuple[int, int]] = set()
+        """End ports (node, port) a trap 256 came from: sent a keyed SMP at the next sweep."""
+        self._m_key_touched_at = 0.0
+        """When (monotonic) every protected end port last got an SMP with its key."""
+        self._trap_pairs: dict[tuple[int, int], int] = {}
+        self.m_key_clock: Callable[[], float] = time.monotonic
+        """Monotonic seconds for the M_Key waits (tests put the emulator's clock here)."""
+        self._log_m_key_config()
+
+    def _log_m_key_config(self) -> None:
+        cfg, keys = self.config, self.m_keys
+        if not cfg.m_key:
+            if cfg.m_key_per_port or cfg.m_key_protect or cfg.m_key_lease:
+                log.warning("M_Key: sm.m_key is 0: no port gets a key; its protection level and lease check nothing")
+            return
+        where = keys.path if keys.path is not None else "memory only (no guid2mkey file: keys are lost with ibfm)"
+        log.info(
+            "M_Key: %s, protection level %d, lease %s; keys kept in %s",
+            "a key per port" if cfg.m_key_per_port else "one key for every port",
+            cfg.m_key_protect,
+            f"{cfg.m_key_lease} s" if cfg.m_key_lease else "infinite (0)",
+            where,
+        )
+        if cfg.m_key_protect and cfg.m_key_lease and cfg.sweep_interval > cfg.m_key_lease:
+            log.warning(
+                "M_Key: sm.sweep_interval %g s is longer than sm.m_key_lease_period %d s: after a failed M_Key "
+                "check (another SM or a tool trying a port) the lease may run out, and the port fall back to "
+                "protection level 0, before the next sweep sends it its key; a trap 256 brings a sweep at once, "
+                "a lost one does not",
+                cfg.sweep_interval,
+                cfg.m_key_lease,
+            )
 
     def _own_lid(self) -> int:
         s = self.snapshot
@@ -338,7 +439,7 @@ class FabricManager:
         if not trees and not self.held_mfts:
             return
         try:
-            rep = await program_mfts(self.transport, d, mft_table(f, trees), self.held_mfts)
+            rep = await program_mfts(self.transport, d, mft_table(f, trees), self.held_mfts, self.m_keys)
         except IbfmError as e:
             log.warning("multicast forwarding tables not programmed: %s", e)
             return
@@ -387,6 +488,9 @@ class FabricManager:
                 poll = self.elector.next_poll_in()
                 if poll is not None:  # a standby polls its master on its own clock
                     wait = min(wait, poll + 0.001)
+                retry = self.m_key_retry_in()
+                if retry is not None:  # locked ports: looked at again once their lease ran out
+                    wait = min(wait, retry + 0.01)
                 await asyncio.wait({waiter, stopper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 stopper.cancel()
@@ -444,7 +548,8 @@ class FabricManager:
             await self.elector.consider(issuer, is_sm=bool(caps & PortCap.IS_SM))
 
     def _take_traps(self, traps: list[bytes]) -> int:
-        """Answer each trap with a TrapRepress to its issuer and remember who sent it; how many were traps.
+        """Answer each trap with a TrapRepress to its issuer and remember who sent it; how many call for a
+        sweep (every readable trap but a trap 256 that our own SMP caused: a lockout sweeping itself).
 
         A MAD that is no readable Notice is counted in ``bad_traps`` and logged
         once in a while (any host can send them, as fast as it likes).
@@ -455,27 +560,289 @@ class FabricManager:
                 m = parse_mad(trap)
                 if m.method != Method.TRAP or m.attr_id != SmpAttr.NOTICE:
                     raise ValueError(f"method {m.method:#04x} attribute {m.attr_id:#06x} is no trap")
-                issuer = int(notice_unpack(m.data)["IssuerLID"])
+                notice = notice_unpack(m.data)
+                issuer = int(notice["IssuerLID"])
             except (IbfmError, ValueError, KeyError, IndexError) as e:
                 self.bad_traps += 1
                 if _rare(self.bad_traps):
                     log.warning("unreadable trap ignored (%d so far): %s", self.bad_traps, e)
                 continue
-            good += 1
             if m.data[4:6] == _TRAP_144:  # an SM came, went or changed priority: look at every port
                 self._force_heavy = True
+            bad_m_key = bool(notice["IsGeneric"] and notice["TrapNumber"] == Trap.BAD_M_KEY)
+            good += not (bad_m_key and self._bad_m_key(notice))
             if 0 < issuer < 0xC000:  # a unicast LID
-                self._trap_lids.add(issuer)
+                if not bad_m_key:  # (no link changed: the light sweep's hint is for link traps)
+                    self._trap_lids.add(issuer)
                 if m.mgmt_class != MgmtClass.SUBN_LID:
                     continue  # a directed-route trap: its repress would need the return path; the sweep covers it
                 try:
-                    self.transport.post(trap_repress(trap), issuer)
+                    self.transport.post(self._keyed(trap_repress(trap), issuer), issuer)
                 except (IbfmError, ValueError) as e:
                     self.repress_failures += 1
                     if _rare(self.repress_failures):
                         n = self.repress_failures
                         log.warning("cannot repress trap from LID %d (%d so far): %s", issuer, n, e)
         return good
+
+    # -- M_Keys ------------------------------------------------------------------
+
+    def _lid_port(self, lid: int) -> tuple[int, int] | None:
+        """The end port (node, port; a switch's port 0) owning ``lid`` in the snapshot, if any."""
+        snap = self.snapshot
+        if snap is None or not 0 < lid <= snap.lids.max_lid or snap.lids.owner_node[lid] < 0:
+            return None
+        return int(snap.lids.owner_node[lid]), int(snap.lids.owner_port[lid])
+
+    def _keyed(self, mad: bytes, lid: int) -> bytes:
+        """``mad`` (a TrapRepress) with the M_Key of the port owning ``lid``, as OpenSM answers traps."""
+        return stamp_m_key(mad, self.m_key_of_route(lid))
+
+    def m_key_of_route(self, route: Route) -> int:
+        """The M_Key an SMP along ``route`` (a DR path or a LID) carries: the key of the port it addresses,
+        followed over the snapshot's cables; 0 when no key is in play, the configured key when the snapshot
+        does not lead there. For SMPs built outside the sweeps (the election's SMInfo: stamp_m_key)."""
+        keys, snap = self.m_keys, self.snapshot
+        if not keys.active:
+            return 0
+        if snap is None:
+            return keys.key
+        f = snap.fabric
+        if isinstance(route, int):
+            port = self._lid_port(route)
+        else:
+            node, port_in = snap.discovery.sm_node, snap.discovery.sm_port
+            for out in route:
+                if not 0 < out <= int(f.nports[node]) or f.peer_node[node, out] < 0:
+                    return keys.key
+                node, port_in = int(f.peer_node[node, out]), int(f.peer_port[node, out])
+            port = (node, 0 if f.is_switch(node) else port_in)
+        return keys.key if port is None else int(keys.port_keys(f)[port])
+
+    def _bad_m_key(self, notice: dict[str, Any]) -> bool:
+        """Trap 256: an SMP with a wrong M_Key reached the issuer. Logged with the port and the requester
+        (each pair a few times, then rarely), counted, and the port gets a keyed SMP at the next sweep:
+        a passing check stops the lease timer the failure started. Whether our own SMP caused it."""
+        self.m_key_traps += 1
+        issuer, requester = int(notice["IssuerLID"]), int(notice["LIDADDR"])
+        port = self._lid_port(issuer)
+        snap = self.snapshot
+        f = snap.fabric if snap is not None else None
+        where = f"LID {issuer}" + (f" ({f.port_name(*port)})" if f is not None and port is not None else "")
+        if notice["DRNotice"]:
+            who = (
+                f"a directed-route SMP (DrSLID {notice['DRSLID']:#06x}, {notice['DRHopCount']} hops, return path "
+                f"{notice['DRReturnPath']})"
+            )
+        else:
+            owner = self._lid_port(requester)
+            who = f"LID {requester}" + (f" ({f.port_name(*owner)})" if f is not None and owner is not None else "")
+        keys, carried = self.m_keys, int(notice["M_Key"])
+        if port is not None and f is not None:
+            ours = carried in (int(keys.port_keys(f)[port]), keys.want(int(f.port_guid[port])))
+            if keys.protecting:
+                self._m_key_touch.add(port)
+        else:  # no snapshot yet, or a LID it does not know: the keys we send ports we do not know
+            ours = bool(carried) and carried in (keys.key, *keys.candidates(None))
+        pair = (issuer, requester)
+        n = self._trap_pairs[pair] = self._trap_pairs.get(pair, 0) + 1
+        if len(self._trap_pairs) > 4096:  # a host spraying LIDs: forget the oldest pairs
+            for k in list(self._trap_pairs)[:2048]:
+                del self._trap_pairs[k]
+        if _rare(n):
+            try:
+                attr = SmpAttr(int(notice["AttributeID"])).name
+            except ValueError:
+                attr = "attribute"
+            names = {int(Method.GET): "Get", int(Method.SET): "Set"}
+            method = names.get(int(notice["Method"]), f"method {notice['Method']:#x}")
+            log.warning(
+                "trap 256 (bad M_Key): %s refused a %s(%s %#06x, modifier %#x) from %s carrying %s (%d from there "
+                "so far, %d in all)",
+                where,
+                method,
+                attr,
+                int(notice["AttributeID"]),
+                int(notice["AttributeModifier"]),
+                who,
+                "a key of this SM's (its own SMP: a port whose key it does not hold, or one that took a new key "
+                "meanwhile)"
+                if ours
+                else "a wrong key",
+                n,
+                self.m_key_traps,
+            )
+        return ours
+
+    def _learn_m_keys(self, d: Discovery) -> None:
+        """What a full discovery read: which port is behind which, and the M_Keys the end ports show."""
+        keys, f = self.m_keys, d.fabric
+        if keys.active:
+            keys.learn_links(f)
+        info = d.port_info
+        where = [(n, p) for n, p in f.endports().tolist() if (n, p) in info]
+        if where:
+            rows = np.frombuffer(b"".join([info.raw(k) or bytes(64) for k in where]), np.uint8).reshape(len(where), -1)
+            keys.learn(f, where, rows)
+        self._m_key_touched_at = self.m_key_clock()
+
+    def _m_key_suspects(self, d: Discovery, prog: ProgramReport) -> list[LockedPort]:
+        """Ports locked out: the ones discovery could not read with any key, and the end ports whose Sets
+        timed out while their PortInfo shows protection and not the key we sent (at level 1 a wrong key
+        reads the M_Key as 0: Gets pass, Sets fail)."""
+        out = list(d.m_key_locked)
+        if not prog.timed_out or not self.m_keys.active:
+            return out
+        f = d.fabric
+        sent = self.m_keys.port_keys(f)
+        for n, e in sorted(set(prog.timed_out)):
+            raw = d.port_info.raw((n, e))
+            if raw is None:
+                continue
+            pi = _PORT_INFO.get_fields(raw, ("M_Key", "M_KeyProtectBits", "M_KeyLeasePeriod"))
+            if pi["M_KeyProtectBits"] and pi["M_Key"] != int(sent[n, e]):
+                route = d.paths[n] if f.is_switch(n) else d.port_paths.get((n, e), d.paths[n])
+                out.append(LockedPort(f.port_name(n, e), route, int(f.port_guid[n, e]), int(pi["M_KeyLeasePeriod"])))
+        return out
+
+    def _m_key_refused(self, f: Fabric, prog: ProgramReport) -> None:
+        """Ports that took a PortInfo Set but not its M_Key fields: not keyed again (said once)."""
+        keys = self.m_keys
+        new = sorted({(n, p) for n, p in prog.m_key_refused if int(f.port_guid[n, p]) not in keys.ignored})
+        if not new:
+            return
+        keys.ignored.update(int(f.port_guid[n, p]) for n, p in new)
+        log.warning(
+            "M_Key: %d ports took PortInfo Sets but not their M_Key, M_KeyProtectBits or M_KeyLeasePeriod (no "
+            "M_Key support, as ibsim's devices): they are not protected, and not asked again (e.g. %s)",
+            len(new),
+            ", ".join(f.port_name(n, p) for n, p in new[:4]),
+        )
+
+    def m_key_retry_in(self, now: float | None = None) -> float | None:
+        """Seconds until the sweeps look at M_Key-locked ports again (their lease run out); None: no wait."""
+        if self._m_key_retry_at is None:
+            return None
+        now = self.m_key_clock() if now is None else now
+        return max(0.0, self._m_key_retry_at - now)
+
+    def _m_key_lockout(self, locked: list[LockedPort]) -> None:
+        """Say which ports answer no key we have, and wait out their lease (bounded), or say that none
+        runs out (lease 0). Called after each heavy sweep with the ports locked then."""
+        now = self.m_key_clock()
+        if not locked:
+            if self.m_key_locked:
+                log.warning(
+                    "M_Key: every port answers its key again (%d were locked; %.0f s since the first wait)",
+                    len(self.m_key_locked),
+                    now - self._m_key_since,
+                )
+            self.m_key_locked = []
+            self._m_key_retry_at = self._m_key_deadline = None
+            self._m_key_said = frozenset()
+            self._m_key_gave_up = False
+            return
+        keys = self.m_keys
+        if not self.m_key_locked:
+            self._m_key_since = now
+        self.m_key_locked = locked
+        lease, hops = keys.lease_wait(locked)
+        names = [f"{x.where} (DR {','.join(map(str, x.route)) or 'local'})" for x in locked]
+        shown = "; ".join(names[:8]) + (f"; and {len(names) - 8} more" if len(names) > 8 else "")
+        said = frozenset(names)
+        fresh = said != self._m_key_said
+        self._m_key_said = said
+        file_hint = f"put their keys in {keys.path} (0x<port guid> 0x<m_key> per line)" if keys.path else (
+            "set sm.guid2mkey to a file holding their keys (0x<port guid> 0x<m_key> per line)"
+        )
+        if not lease:
+            self._m_key_retry_at = None
+            if fresh:
+                log.error(
+                    "M_Key: %d ports answer no SMP carrying the keys this SM has for them (their key is lost, or "
+                    "not ours): %s. Their M_Key lease period is 0 (infinite, sm.m_key_lease_period 0): their "
+                    "protection never lapses, so this SM cannot manage them without their keys. To recover, "
+                    "%s and restart, or reset those ports (a power cycle clears the key).",
+                    len(locked),
+                    shown,
+                    file_hint,
+                )
+            return
+        # A port h hops away has h protected ports before it (our own at hop 0 included), found locked only once
+        # the ones before answer: h + 1 leases in turn, each looked at one second after it ran out.
+        budget = (lease + 1) * (hops + 1)
+        self._m_key_deadline = max(self._m_key_deadline or 0.0, self._m_key_since + budget)
+        if now >= self._m_key_deadline:
+            self._m_key_retry_at = None
+            if fresh or not self._m_key_gave_up:
+                self._m_key_gave_up = True
+                log.error(
+                    "M_Key: %d ports still answer no key after %.0f s of waiting ((lease %d s + 1) x (%d hops + 1)): "
+                    "%s. Their lease may be longer than %d s, or 0. The sweeps go on every sm.sweep_interval; to "
+                    "recover, %s, or reset those ports.",
+                    len(locked),
+                    now - self._m_key_since,
+                    lease,
+                    hops,
+                    shown,
+                    lease,
+                    file_hint,
+                )
+            return
+        if not fresh and self._m_key_retry_at is not None and now < self._m_key_retry_at:
+            return  # a sweep meanwhile (the timer): the wait said runs on (the lease is not restarted by it)
+        wait = min(lease + 1.0, self._m_key_deadline - now)
+        self._m_key_retry_at = now + wait
+        log.warning(
+            "M_Key: %d ports answer no SMP carrying the keys this SM has for them (a lost or wrong key): %s. "
+            "Waiting out their M_Key lease: the failed SMPs started it, and when it runs out their protection "
+            "falls to 0 and a Get reads their key. Looking again in %.0f s (lease %d s + 1); ports %d hops away "
+            "may need the lease of each port before them in turn: at most %.0f s in all ((lease + 1) x (hops + 1)), "
+            "until %s.",
+            len(locked),
+            shown,
+            wait,
+            lease,
+            hops,
+            self._m_key_deadline - self._m_key_since,
+            time.strftime("%H:%M:%S", time.localtime(time.time() + self._m_key_deadline - now)),
+        )
+
+    async def _m_key_keepalive(self, snap: SubnetSnapshot) -> None:
+        """A keyed SMP to the ports a trap 256 came from, and, every half lease, to every protected CA port
+        (the light sweep's SwitchInfo reads cover the switches): a lease timer started by someone's wrong
+        key stops before it runs out (IBA 14.2.4.2)."""
+        keys, cfg = self.m_keys, self.config
+        if not keys.protecting:
+            self._m_key_touch.clear()
+            return
+        now = self.m_key_clock()
+        ports = set(self._m_key_touch)
+        self._m_key_touch.clear()
+        f = snap.fabric
+        due = cfg.m_key_protect and cfg.m_key_lease and now - self._m_key_touched_at + cfg.sweep_interval >= (
+            cfg.m_key_lease / 2
+        )
+        if due:
+            ep = f.endports()
+            ports.update((n, p) for n, p in ep.tolist() if not f.is_switch(n))
+            self._m_key_touched_at = now
+        if not ports:
+            return
+        d = snap.discovery
+        silent = await touch_ports(self.transport, f, d.paths, d.port_paths, keys, sorted(ports))
+        if silent:
+            log.warning(
+                "M_Key: %d ports did not answer an SMP carrying their key (e.g. %s): the next heavy sweep looks again",
+                len(silent),
+                f.port_name(*silent[0]),
+            )
+            self._force_heavy = True
+        self._save_m_keys()
+
+    def _save_m_keys(self) -> None:
+        for note in self.m_keys.save():
+            log.warning("M_Key: %s", note)
 
     # -- sweeps -------------------------------------------------------------------
 
@@ -513,7 +880,7 @@ class FabricManager:
                 hint = [
                     int(lids.owner_node[x]) for x in trap_lids if x <= lids.max_lid and lids.owner_node[x] >= 0
                 ]
-                light = await light_sweep(self.transport, prev.discovery, recheck=recheck, hint=hint)
+                light = await light_sweep(self.transport, prev.discovery, recheck=recheck, hint=hint, keys=self.m_keys)
             except IbfmError as e:
                 self.events.emit(SweepFailed(stage="light", reason=str(e)))
                 self._force_heavy = True
@@ -539,6 +906,10 @@ class FabricManager:
                 for c in light.changes
                 if not (c.up and not c.bounced and (int(f.node_guid[c.node]), c.port) in held)
             ]
+            try:
+                await self._m_key_keepalive(prev)
+            except IbfmError as e:
+                log.warning("M_Key: keyed SMPs to refresh the leases failed: %s", e)
             if not relevant and not light.needs_full_discovery and not released:
                 if await el.check_peers():  # a master beside us, or a better SM: elect again
                     return await self._heavy(None, kind_changes=0, reasons=[*reasons, "sm"])
@@ -643,11 +1014,20 @@ class FabricManager:
                 phases[name] = time.perf_counter() - t0
 
         cfg = self.config
-        if d is None:
-            with stage("discover"):
-                d = await discover(self.transport)
-            hold_down(d.fabric, self.damper.held())
         el = self.elector
+        if self._m_key_retry_at is not None and self.m_key_clock() >= self._m_key_retry_at:
+            self._m_key_retry_at = None  # this sweep is the look after the lease (a new wait is set if need be)
+        if d is None:
+            self.m_keys.own_guid = el.own_guid()
+            with stage("discover"):
+                try:
+                    d = await discover(self.transport, keys=self.m_keys)
+                except MadTimeout as e:
+                    if self.m_keys.active and e.route == ():  # our own port does not take our key
+                        self._m_key_lockout([LockedPort("this SM's own port", (), self.m_keys.own_guid or None)])
+                    raise
+            self._learn_m_keys(d)
+            hold_down(d.fabric, self.damper.held())
         if not el.guid:
             el.guid = int(d.fabric.port_guid[d.sm_node, d.sm_port])
         with stage("election"):  # the other SMs are asked before anything is written
@@ -727,7 +1107,13 @@ class FabricManager:
                     pkeys=parts.tables,
                     enforce=self._enforcement(fabric, parts),
                     held_pkeys=self.held_pkeys,
+                    keys=self.m_keys,
                 )
+            self._m_key_refused(fabric, prog)
+            with stage("m_keys"):
+                self._save_m_keys()  # the keys the ports took, before anything else can fail
+            locked = self._m_key_suspects(d, prog)
+            self._m_key_lockout(locked)
             if prog.enforcement_refused:
                 self.no_enforcement.update(prog.enforcement_refused)
                 log.warning(
@@ -764,6 +1150,7 @@ class FabricManager:
             up_s=up_s,
             duration_s=time.perf_counter() - t_start,
             partitions=parts,
+            m_key_locked=tuple(locked),
         )
         self.snapshot = snap
         return snap
@@ -796,7 +1183,7 @@ class FabricManager:
         guid = f.node_guid
         unread = [k for k in eps if k not in prev_keys and (int(guid[k[0]]), k[1]) not in self.held_pkeys]
         if unread:
-            await read_pkey_tables(self.transport, d, unread, self.held_pkeys)
+            await read_pkey_tables(self.transport, d, unread, self.held_pkeys, self.m_keys)
         for n, p in eps:
             if (n, p) not in prev_keys and (t := self.held_pkeys.get((int(guid[n]), p))) is not None:
                 keys = t.tolist()

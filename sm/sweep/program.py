@@ -3,9 +3,10 @@
 Every SMP of a stage is in flight at once under the transport's window;
 stages 1 to 3 run side by side, stage 4 after them:
 
-1. PortInfo Set on every end port (LID, LMC, MasterSMLID, GID prefix) and on
-   every linked port (NeighborMTU, OperationalVLs, INIT -> ARMED), only where
-   the port does not already hold those values;
+1. PortInfo Set on every end port (LID, LMC, MasterSMLID, GID prefix, and with
+   ``keys`` M_Key, M_KeyProtectBits, M_KeyLeasePeriod) and on every linked port
+   (NeighborMTU, OperationalVLs, INIT -> ARMED), only where the port does not
+   already hold those values;
 2. SwitchInfo Set LinearFDBTop;
 3. LFT blocks of 64 LIDs, only those that differ from what the switch holds
    (``held``: what earlier Sets put there; unknown -> send). The LFT may be
@@ -22,6 +23,12 @@ sets PartitionEnforcementInbound/Outbound where the plan says.
 Every Set is checked against its GetResp. A failure names the switch (or
 port) and block; the block is left out of ``held`` so the next sweep sends
 it again, and the rest goes on.
+
+Every SMP carries the M_Key of the port it addresses (``keys``). When stage 1
+changes keys, it runs alone first, so that the other stages' SMPs carry the
+new ones; a key-changing Set whose answer was lost is read back with the new
+key. SMPs that timed out are listed per port (``ProgramReport.timed_out``):
+the manager tells a lost M_Key from a dead port by them.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from sm.links import LinkPlan
 from sm.multicast.mft import MLIDS_PER_BLOCK, MftTable, block_payload, mft_attr_mod, mft_blocks_changed, mft_positions
 from sm.routing.base import NO_ROUTE, Lft
 from sm.sweep.discover import Discovery, Path
+from sm.sweep.mkeys import MKeys
 from sm.transport.base import MadTimeout, WindowedTransport
 from sm.transport.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_batch_dr
 
@@ -70,6 +78,12 @@ class ProgramReport:
     """PortInfo Sets that changed partition enforcement and nothing else."""
     pkey_blocks_sent: int = 0
     pkey_blocks_skipped: int = 0
+    m_keys_set: int = 0
+    """End ports given a new M_Key, M_KeyProtectBits or M_KeyLeasePeriod."""
+    m_key_refused: list[tuple[int, int]] = field(default_factory=list)
+    """End ports (node, port) that took a Set but read its M_Key fields back otherwise: no M_Key support."""
+    timed_out: list[tuple[int, int]] = field(default_factory=list)
+    """End ports (node, port; a switch's port 0) some Set to which timed out after every retry."""
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -103,6 +117,9 @@ _ONE_SHOT = frozenset({"ClientReregister"})
 _ADVISORY = frozenset({"PartitionEnforcementInbound", "PartitionEnforcementOutbound"})
 """Fields a device may not keep (ibsim's switches read enforcement back as 0): a port that does not
 take them is reported in ``ProgramReport.enforcement_refused``, not as a failure."""
+_M_KEY_FIELDS = frozenset({"M_Key", "M_KeyProtectBits", "M_KeyLeasePeriod"})
+"""Fields a device without M_Key support does not keep (ibsim's read back as before): such a port is
+reported in ``ProgramReport.m_key_refused`` (it is not protected), not as a failure."""
 _REREG_CAP = 1 << 25
 """PortInfo.CapabilityMask.IsClientReregistrationSupported."""
 """PortInfo bits a Set is not echoed in: PortState (byte 32 low nibble) and PortPhysicalState
@@ -124,6 +141,7 @@ async def program_fabric(
     pkeys: Mapping[Port, tuple[int, ...]] | None = None,
     enforce: Mapping[Port, tuple[int, int]] | None = None,
     held_pkeys: HeldPkeys | None = None,
+    keys: MKeys | None = None,
 ) -> ProgramReport:
     """Push the plan into the fabric; updates ``held`` with what the switches now hold.
 
@@ -141,10 +159,15 @@ async def program_fabric(
     facing CAs that enforce); ``enforce``: switch port -> (inbound, outbound) enforcement, every
     other switch port enforcing nothing; ``held_pkeys`` is updated as ``held``. None: P_Keys and
     enforcement are left as they are.
+
+    ``keys``: the M_Keys every SMP carries, and what stage 1 gives the end ports (None: their M_Key
+    fields are left as they are).
     """
     rep = ProgramReport()
     known = held if held is not None else {}
-    plan = _plan_port_infos(d, lids, links, sm_lid, subnet_prefix, reregister=reregister, enforce=enforce)
+    plan = _plan_port_infos(
+        d, lids, links, sm_lid, subnet_prefix, reregister=reregister, enforce=enforce, keys=keys
+    )
     lowers_top = any(
         int(si.get("LinearFDBTop", 0)) > lids.max_lid for n, si in d.switch_info.items() if d.fabric.is_switch(n)
     )
@@ -155,18 +178,19 @@ async def program_fabric(
 
     async def routes() -> None:
         table = lft if isinstance(lft, np.ndarray) else await lft
-        await _set_blocks(transport, d, table, known, rep)
+        await _set_blocks(transport, d, table, known, rep, keys)
 
-    steps = [
-        _set_port_infos(transport, d, lids, links, plan, rep),
-        _set_fdb_tops(transport, d, lids.max_lid, rep),
-        routes(),
-    ]
+    stage1 = _set_port_infos(transport, d, lids, links, plan, rep, keys)
+    steps = [_set_fdb_tops(transport, d, lids.max_lid, rep, keys), routes()]
     if pkeys is not None:
-        steps.append(_set_pkey_tables(transport, d, pkeys, held_pkeys if held_pkeys is not None else {}, rep))
-    await _all(*steps)
+        steps.append(_set_pkey_tables(transport, d, pkeys, held_pkeys if held_pkeys is not None else {}, rep, keys))
+    if plan.rekeys:
+        await stage1  # keys change: the other stages' SMPs carry the new ones
+        await _all(*steps)
+    else:
+        await _all(stage1, *steps)
     if activate:
-        await _activate(transport, d, rep)
+        await _activate(transport, d, rep, keys)
     return rep
 
 
@@ -194,6 +218,9 @@ async def _port_info_sets(
     fields: Fields,
     what: str,
     refused: list[tuple[int, int]] | None = None,
+    keys: MKeys | None = None,
+    timed_out: list[tuple[int, int]] | None = None,
+    m_key_refused: list[tuple[int, int]] | None = None,
 ) -> tuple[npt.NDArray[np.bool_], list[str]]:
     """PortInfo Set of ``fields`` over what each (node, port) holds; (taken per row, failures).
 
@@ -203,14 +230,18 @@ async def _port_info_sets(
     byte of a field it set differs from what was sent (only rows where such a
     byte differs are decoded: a switch port 1..N, e.g., shows port 0's LID).
     Each answer becomes what the port holds, as bytes (``d.port_info``
-    decodes on demand).
+    decodes on demand), and the M_Keys the answers show are what ``keys``
+    holds from then on. A Set that changes the M_Key and timed out is read
+    back with the new key: taken when the port holds what was asked.
+    ``timed_out`` gets the end ports of the Sets that timed out regardless; ``m_key_refused`` the
+    ports that took the Set but not its M_Key fields (no M_Key support: ibsim).
     """
     n = int(nodes.size)
     if not n:
         return np.zeros(0, bool), []
     f = d.fabric
     node_l, port_l = nodes.tolist(), ports.tolist()
-    keys = list(zip(node_l, port_l, strict=True))
+    where = list(zip(node_l, port_l, strict=True))
     # Route per row: the switch's path with the port as modifier; a CA by the path that reaches
     # that port, modifier 0 (a CA answers for the port the SMP came in on).
     routes: list[Path] = list(d.paths)
@@ -222,7 +253,7 @@ async def _port_info_sets(
         extra: dict[Path, int] = {}
         paths, port_paths = d.paths, d.port_paths
         for r in ca_rows.tolist():
-            path = port_paths.get(keys[r])
+            path = port_paths.get(where[r])
             if path is not None and path != paths[node_l[r]]:
                 k = extra.get(path)
                 if k is None:
@@ -230,7 +261,7 @@ async def _port_info_sets(
                     routes.append(path)
                 which[r] = k
     raw, blank = d.port_info.raw, bytes(PORT_INFO.size)
-    data = np.frombuffer(b"".join([raw(k) or blank for k in keys]), np.uint8).reshape(n, PORT_INFO.size).copy()
+    data = np.frombuffer(b"".join([raw(k) or blank for k in where]), np.uint8).reshape(n, PORT_INFO.size).copy()
     _PORT_INFO.clear_reserved(data)
     want_state = np.zeros(n, np.int64)
     if "PortState" in fields:
@@ -243,10 +274,23 @@ async def _port_info_sets(
             continue
         at = np.flatnonzero(rows)
         _PORT_INFO.patch_rows(data, name, at.tolist(), values[at].tolist())
-    res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, which, mods, data)
+    mkeys = keys.rows(f, nodes, ports) if keys is not None else None
+    res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, which, mods, data, mkeys=mkeys)
     set_mask = _STATE_MASK & _bits_of(frozenset(fields).difference(_NO_CHANGE, _ONE_SHOT, _ADVISORY))
     if res.errors:
-        await _reread_refused(transport, routes, which, mods, data, want_state, set_mask, res)
+        await _reread_refused(transport, routes, which, mods, data, want_state, set_mask, res, mkeys)
+    if res.errors and mkeys is not None and "M_Key" in fields:
+        # A Set that changed the key was taken if the port answers the new key and holds what was asked.
+        sets_key, values = fields["M_Key"]
+        new = values.astype(np.uint64)
+        timeouts = sorted(r for r, e in res.errors.items() if isinstance(e, MadTimeout))
+        lost = np.array([r for r in timeouts if sets_key[r] and new[r] != mkeys[r]], np.intp)
+        if lost.size:
+            await _reread_refused(transport, routes, which, mods, data, want_state, set_mask, res, new, rows=lost)
+    if timed_out is not None:
+        for r, err in res.errors.items():
+            if isinstance(err, MadTimeout):
+                timed_out.append((node_l[r], 0 if f.is_switch(node_l[r]) else port_l[r]))
     failures = [
         f"{f.port_name(node_l[r], port_l[r])}: PortInfo Set {what} failed: {err}" for r, err in res.errors.items()
     ]
@@ -261,12 +305,18 @@ async def _port_info_sets(
         bad = {name: (int(fields[name][1][r]), got[name]) for name in names if got[name] != fields[name][1][r]}
         if refused is not None and bad.keys() & _ADVISORY:
             refused.append((int(f.node_guid[node_l[r]]), port_l[r]))
+        if m_key_refused is not None and bad.keys() & _M_KEY_FIELDS:
+            m_key_refused.append((node_l[r], port_l[r]))
+            bad = {k: v for k, v in bad.items() if k not in _M_KEY_FIELDS}
         bad = {k: v for k, v in bad.items() if k not in _ADVISORY}
         taken[r] = not bad
         if bad:
             failures.append(f"{f.port_name(node_l[r], port_l[r])}: PortInfo Set {what} not taken: {bad}")
-    # Later Sets build on what the ports now hold.
-    d.port_info.update_raw((keys[r], blob[r * size : (r + 1) * size]) for r in np.flatnonzero(res.ok).tolist())
+    # Later Sets build on what the ports now hold, and carry the keys they now hold.
+    answered = np.flatnonzero(res.ok).tolist()
+    d.port_info.update_raw((where[r], blob[r * size : (r + 1) * size]) for r in answered)
+    if keys is not None:
+        keys.learn(f, [where[r] for r in answered], res.data[answered])
     return taken, failures
 
 
@@ -290,6 +340,9 @@ async def _reread_refused(
     want_state: npt.NDArray[np.int64],
     set_mask: npt.NDArray[np.uint8],
     res: SmpAnswers,
+    mkeys: npt.NDArray[np.uint64] | None = None,
+    *,
+    rows: npt.NDArray[np.intp] | None = None,
 ) -> None:
     """Read back the ports whose Set failed; where a port holds what was asked, the Set was taken.
 
@@ -297,12 +350,16 @@ async def _reread_refused(
     moved (INIT -> ARMED, ARMED -> ACTIVE) refuses the same change again
     (status 0x1c, invalid attribute value): the state asked for is there
     all the same. ``res`` is updated in place: such rows become answers.
+    ``mkeys``: the M_Key of each row's Get; ``rows``: the rows to read (default:
+    those answered with a status).
     """
-    # Only Sets answered with a status: one that timed out every round has a port that does not answer.
-    rows = np.array(sorted(r for r, e in res.errors.items() if not isinstance(e, MadTimeout)), np.intp)
+    if rows is None:
+        # Only Sets answered with a status: one that timed out every round has a port that does not answer.
+        rows = np.array(sorted(r for r, e in res.errors.items() if not isinstance(e, MadTimeout)), np.intp)
     if not rows.size:
         return
-    back = await smp_batch_dr(transport, Method.GET, SmpAttr.PORT_INFO, routes, which[rows], mods[rows])
+    back = await smp_batch_dr(transport, Method.GET, SmpAttr.PORT_INFO, routes, which[rows], mods[rows],
+                              mkeys=mkeys[rows] if mkeys is not None else None)  # fmt: skip
     state = (back.data[:, 32] & 0x0F).astype(np.int64)
     same = ((back.data ^ data[rows]) & set_mask == 0).all(axis=1)
     there = back.ok & same & ((want_state[rows] == 0) | (state == want_state[rows]))
@@ -314,6 +371,9 @@ async def _reread_refused(
 
 
 _HELD = (
+    "M_Key",
+    "M_KeyProtectBits",
+    "M_KeyLeasePeriod",
     "LID",
     "LMC",
     "MasterSMLID",
@@ -340,6 +400,10 @@ class _PortPlan:
     """Some Set changes a port in use: a LID or LMC that is not 0, or the master SM of an ACTIVE port."""
     enforcement_only: npt.NDArray[np.bool_] | None = None
     """Rows whose Set only changes partition enforcement (counted apart: ibsim never keeps it)."""
+    rekeys: bool = False
+    """Some Set changes a port's M_Key: the SMPs of the other stages must wait for the new keys."""
+    m_key_rows: npt.NDArray[np.bool_] | None = None
+    """Rows whose Set changes M_Key, M_KeyProtectBits or M_KeyLeasePeriod."""
 
 
 def _plan_port_infos(
@@ -351,6 +415,7 @@ def _plan_port_infos(
     *,
     reregister: bool = False,
     enforce: Mapping[Port, tuple[int, int]] | None = None,
+    keys: MKeys | None = None,
 ) -> _PortPlan:
     """LID, LMC, MasterSMLID (MasterSMSL 0) and GID prefix on end ports; INIT -> ARMED, with
     NeighborMTU and OperationalVLs, on trained links. A port already ACTIVE keeps its MTU and VLs
@@ -358,7 +423,8 @@ def _plan_port_infos(
     end ports that get a new LID or master, and with ``reregister`` to every end port (as OpenSM
     does on a new master's first sweep), where CapabilityMask says the port supports it. With
     ``enforce``, switch ports get PartitionEnforcementInbound/Outbound as it says (0 where it says
-    nothing)."""
+    nothing). With ``keys``, end ports get the M_Key they should hold, M_KeyProtectBits and
+    M_KeyLeasePeriod as configured (OpenSM's lid_mgr_set_physp_pi), where they hold other values."""
     f = d.fabric
     up = f.up_mask()
     endport = np.zeros_like(up)
@@ -367,13 +433,13 @@ def _plan_port_infos(
     # What each port holds: its PortInfo as read or as the last Set left it, as columns.
     info = d.port_info
     rn, rp = np.nonzero(up | endport)
-    keys = [k for k in zip(rn.tolist(), rp.tolist(), strict=True) if k in info]
+    known = [k for k in zip(rn.tolist(), rp.tolist(), strict=True) if k in info]
     held = {name: np.zeros(up.shape, np.uint64) for name in _HELD}
     read = np.zeros_like(up)
-    if keys:
-        kn, kp = np.array(keys, np.intp).reshape(-1, 2).T
+    if known:
+        kn, kp = np.array(known, np.intp).reshape(-1, 2).T
         read[kn, kp] = True
-        rows = np.frombuffer(b"".join([info.raw(k) or b"" for k in keys]), np.uint8).reshape(len(keys), -1)
+        rows = np.frombuffer(b"".join([info.raw(k) or b"" for k in known]), np.uint8).reshape(len(known), -1)
         for name in _HELD:
             held[name][kn, kp] = _PORT_INFO.column(rows, name)
     lmc = lids.lmc
@@ -398,7 +464,17 @@ def _plan_port_infos(
     reenf = sw_port & read & (
         (held["PartitionEnforcementInbound"] != want_in) | (held["PartitionEnforcementOutbound"] != want_out)
     )
-    other = relid | resm | armable | rereg
+    rekey = np.zeros_like(up)
+    want_key = np.zeros(up.shape, np.uint64)
+    keyed = keys is not None and keys.active  # M_Key off, and no port holds a key: their fields are left alone
+    if keys is not None and keyed:
+        want_key = keys.want_keys(f)
+        rekey = endport & ~keys.ignored_mask(f) & (
+            (held["M_Key"] != want_key)
+            | (held["M_KeyProtectBits"] != keys.protect)
+            | (held["M_KeyLeasePeriod"] != keys.lease)
+        )
+    other = relid | resm | armable | rereg | rekey
     cn, cp = np.nonzero(read & (other | reenf))
     is_end, has_mtu, arm = endport[cn, cp], (armable & (links.mtu != 0))[cn, cp], armable[cn, cp]
     enf = sw_port[cn, cp]
@@ -416,17 +492,54 @@ def _plan_port_infos(
         "PartitionEnforcementInbound": (enf, want_in[cn, cp].astype(np.int64)),
         "PartitionEnforcementOutbound": (enf, want_out[cn, cp].astype(np.int64)),
     }
-    return _PortPlan(cn, cp, fields, live, enforcement_only=~other[cn, cp])
+    if keys is not None and keyed:
+        fields["M_Key"] = (is_end & rekey[cn, cp], want_key[cn, cp])
+        fields["M_KeyProtectBits"] = (is_end & rekey[cn, cp], np.full(k, keys.protect, np.int64))
+        fields["M_KeyLeasePeriod"] = (is_end & rekey[cn, cp], np.full(k, keys.lease, np.int64))
+    changes_key = (rekey & (held["M_Key"] != want_key))[cn, cp]
+    return _PortPlan(
+        cn,
+        cp,
+        fields,
+        live,
+        enforcement_only=~other[cn, cp],
+        rekeys=bool(changes_key.any()),
+        m_key_rows=rekey[cn, cp],
+    )
 
 
 async def _set_port_infos(
-    transport: WindowedTransport, d: Discovery, lids: LidMap, links: LinkPlan, plan: _PortPlan, rep: ProgramReport
+    transport: WindowedTransport,
+    d: Discovery,
+    lids: LidMap,
+    links: LinkPlan,
+    plan: _PortPlan,
+    rep: ProgramReport,
+    keys: MKeys | None = None,
 ) -> None:
-    """Stage 1: the planned PortInfo Sets, and what the ports then hold into the model."""
+    """Stage 1: the planned PortInfo Sets, and what the ports then hold into the model.
+
+    When keys change, the end ports' Sets go first (a switch's port 0 takes the switch's new key),
+    then the other ports', carrying the new keys."""
     f = d.fabric
     cn, cp, fields = plan.nodes, plan.ports, plan.fields
-    ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "config", rep.enforcement_refused)
-    rep.failures += failures
+    ok = np.zeros(cn.size, bool)
+    first = fields["LID"][0] if plan.rekeys else np.ones(cn.size, bool)  # the end-port rows
+    for part in (np.flatnonzero(first), np.flatnonzero(~first)):
+        if not part.size:
+            continue
+        sub = {name: (rows[part], values[part]) for name, (rows, values) in fields.items()}
+        ok[part], failures = await _port_info_sets(
+            transport, d, cn[part], cp[part], sub, "config", rep.enforcement_refused, keys, rep.timed_out,
+            rep.m_key_refused,
+        )  # fmt: skip
+        rep.failures += failures
+    if plan.m_key_rows is not None:
+        refused = np.zeros(ok.size, bool)
+        if rep.m_key_refused:
+            no_keys = set(rep.m_key_refused)
+            refused = np.array([k in no_keys for k in zip(cn.tolist(), cp.tolist(), strict=True)])
+        rep.m_keys_set += int((ok & plan.m_key_rows & ~refused).sum())
     enf = plan.enforcement_only if plan.enforcement_only is not None else np.zeros(ok.size, bool)
     rep.port_sets += int((ok & ~enf).sum())
     rep.enforcement_sets += int((ok & enf).sum())
@@ -469,7 +582,7 @@ def _pkey_route(d: Discovery, routes: list[Path], extra: dict[Path, int], node: 
 
 
 async def read_pkey_tables(
-    transport: WindowedTransport, d: Discovery, ports: Iterable[Port], held: HeldPkeys
+    transport: WindowedTransport, d: Discovery, ports: Iterable[Port], held: HeldPkeys, keys: MKeys | None = None
 ) -> int:
     """Read the whole P_Key table of each of ``ports`` (every block its cap has room for) into ``held``;
     a port whose table does not read whole is left out (unknown). The number of ports read."""
@@ -479,6 +592,7 @@ async def read_pkey_tables(
     which: list[int] = []
     mods: list[int] = []
     where: list[tuple[tuple[int, int], int]] = []
+    at: list[Port] = []
     tables: dict[tuple[int, int], npt.NDArray[np.uint16]] = {}
     for node, port in ports:
         nblocks = -(-pkey_room(d, node, port) // PKEY_BLOCK_SIZE)
@@ -491,10 +605,12 @@ async def read_pkey_tables(
             which.append(route)
             mods.append(pkey_table_mod(b, mod_port))
             where.append((key, b))
+            at.append((node, port))
     if not which:
         return 0
+    mkeys = keys.rows(f, [n for n, _ in at], [p for _, p in at]) if keys is not None else None
     got = await smp_batch_dr(transport, Method.GET, SmpAttr.PKEY_TABLE, routes, np.array(which, np.intp),
-                             np.array(mods, np.int64))  # fmt: skip
+                             np.array(mods, np.int64), mkeys=mkeys)  # fmt: skip
     blocks = got.data[:, : 2 * PKEY_BLOCK_SIZE].copy().view(">u2").astype(np.uint16)
     bad: set[tuple[int, int]] = set()
     for j, (key, b) in enumerate(where):
@@ -510,7 +626,7 @@ async def read_pkey_tables(
 
 async def _set_pkey_tables(
     transport: WindowedTransport, d: Discovery, tables: Mapping[Port, tuple[int, ...]], held: HeldPkeys,
-    rep: ProgramReport,
+    rep: ProgramReport, keys: MKeys | None = None,
 ) -> None:  # fmt: skip
     """P_KeyTable Sets of the blocks of each port's table that differ from what it holds.
 
@@ -526,7 +642,7 @@ async def _set_pkey_tables(
         if cur is None or cur.size != -(-pkey_room(d, node, port) // PKEY_BLOCK_SIZE) * PKEY_BLOCK_SIZE:
             unknown.append((node, port))
     if unknown:
-        await read_pkey_tables(transport, d, unknown, held)
+        await read_pkey_tables(transport, d, unknown, held, keys)
     which_l: list[int] = []
     mods_l: list[int] = []
     datas: list[npt.NDArray[np.uint16]] = []
@@ -539,8 +655,8 @@ async def _set_pkey_tables(
                 rep.failures.append(f"{f.port_name(node, port)}: holds no P_Key table; {len(table)} keys not set")
             continue
         want = np.zeros(nblocks * PKEY_BLOCK_SIZE, np.uint16)
-        keys = np.asarray(table[: want.size], np.uint16)
-        want[: keys.size] = keys
+        pk = np.asarray(table[: want.size], np.uint16)
+        want[: pk.size] = pk
         if len(table) > want.size and any(table[want.size :]):
             rep.failures.append(f"{f.port_name(node, port)}: P_Key table of {len(table)} beyond its {room} entries")
         hkey = (int(f.node_guid[node]), port)
@@ -558,8 +674,9 @@ async def _set_pkey_tables(
     if not datas:
         return
     data = np.stack(datas).astype(">u2").view(np.uint8).reshape(len(datas), 2 * PKEY_BLOCK_SIZE)
+    mkeys = keys.rows(f, [t[0] for t in targets], [t[1] for t in targets]) if keys is not None else None
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.PKEY_TABLE, routes, np.array(which_l, np.intp),
-                             np.array(mods_l, np.int64), data)  # fmt: skip
+                             np.array(mods_l, np.int64), data, mkeys=mkeys)  # fmt: skip
     good = res.ok & (res.data[:, : data.shape[1]] == data).all(axis=1)
     rep.pkey_blocks_sent += int(good.sum())
     for j, (node, port, b, cur) in enumerate(targets):
@@ -571,6 +688,8 @@ async def _set_pkey_tables(
         if err is not None:
             rep.failures.append(f"{f.port_name(node, port)}: P_KeyTable block {b} Set failed: {err}")
             cur[lo] = datas[j][0] ^ 1  # unknown: sent again next sweep
+            if isinstance(err, MadTimeout):
+                rep.timed_out.append((node, 0 if f.is_switch(node) else port))
         else:
             rep.failures.append(f"{f.port_name(node, port)}: P_KeyTable block {b} reads back different")
             cur[lo : lo + PKEY_BLOCK_SIZE] = res.data[j, : data.shape[1]].copy().view(">u2")
@@ -583,7 +702,9 @@ class MftReport:
     failures: list[str] = field(default_factory=list)
 
 
-async def program_mfts(transport: WindowedTransport, d: Discovery, table: MftTable, held: HeldMfts) -> MftReport:
+async def program_mfts(
+    transport: WindowedTransport, d: Discovery, table: MftTable, held: HeldMfts, keys: MKeys | None = None
+) -> MftReport:
     """MulticastForwardingTable Sets of the (block, position) pairs of each switch's ``table`` row that
     differ from what it holds (unknown: every block up to the top MLID, zeros too, so nothing stale
     stays there); ``held`` updated with what the switches took."""
@@ -621,8 +742,9 @@ async def program_mfts(transport: WindowedTransport, d: Discovery, table: MftTab
     if not datas:
         return rep
     data = np.frombuffer(b"".join(datas), np.uint8).reshape(len(datas), -1)
+    mkeys = keys.rows(f, which) if keys is not None else None
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.MFT, d.paths, np.array(which, np.intp),
-                             np.array(mods, np.int64), data)  # fmt: skip
+                             np.array(mods, np.int64), data, mkeys=mkeys)  # fmt: skip
     good = res.ok & (res.data[:, : data.shape[1]] == data).all(axis=1)
     rep.blocks_sent = int(good.sum())
     for j, (node, b, p, cur) in enumerate(targets):
@@ -637,7 +759,9 @@ async def program_mfts(transport: WindowedTransport, d: Discovery, table: MftTab
     return rep
 
 
-async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, rep: ProgramReport) -> None:
+async def _set_fdb_tops(
+    transport: WindowedTransport, d: Discovery, top: int, rep: ProgramReport, keys: MKeys | None = None
+) -> None:
     f = d.fabric
     nodes: list[int] = []
     reqs: list[SmpRequest] = []
@@ -656,9 +780,12 @@ async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, re
         values.update(LinearFDBTop=top, PortStateChange=0)
         nodes.append(node)
         reqs.append((d.paths[node], Method.SET, SmpAttr.SWITCH_INFO, 0, SWITCH_INFO.pack(values)))
-    for node, ans in zip(nodes, await smp_batch(transport, reqs), strict=True):
+    mkeys = keys.row_list(f, nodes) if keys is not None else None
+    for node, ans in zip(nodes, await smp_batch(transport, reqs, mkeys=mkeys), strict=True):
         if isinstance(ans, Exception):
             rep.failures.append(f"{f.names[node]}: SwitchInfo Set failed: {ans}")
+            if isinstance(ans, MadTimeout):
+                rep.timed_out.append((node, 0))
         elif (got := SWITCH_INFO.unpack(ans)).get("LinearFDBTop") != top:
             rep.failures.append(f"{f.names[node]}: LinearFDBTop reads {got.get('LinearFDBTop')!r} after Set {top}")
         else:
@@ -667,7 +794,7 @@ async def _set_fdb_tops(transport: WindowedTransport, d: Discovery, top: int, re
 
 
 async def _set_blocks(
-    transport: WindowedTransport, d: Discovery, lft: Lft, held: HeldLfts, rep: ProgramReport
+    transport: WindowedTransport, d: Discovery, lft: Lft, held: HeldLfts, rep: ProgramReport, keys: MKeys | None = None
 ) -> None:
     f = d.fabric
     nblocks = -(-lft.shape[1] // LFT_BLOCK_SIZE)
@@ -692,7 +819,8 @@ async def _set_blocks(
     blocks = np.concatenate(per_switch) if per_switch else np.zeros(0, np.intp)
     data = padded.reshape(padded.shape[0], nblocks, LFT_BLOCK_SIZE)[rows, blocks]
     nodes = f.switches[rows]
-    res = await smp_batch_dr(transport, Method.SET, SmpAttr.LFT, d.paths, nodes, blocks, data)
+    mkeys = keys.rows(f, nodes) if keys is not None else None
+    res = await smp_batch_dr(transport, Method.SET, SmpAttr.LFT, d.paths, nodes, blocks, data, mkeys=mkeys)
     # The GetResp holds what was set: the common case, checked for all blocks at once.
     good = res.ok & (res.data == data).all(axis=1)
     rep.blocks_sent += int(good.sum())
@@ -710,18 +838,20 @@ async def _set_blocks(
         if err is not None:
             rep.failures.append(f"{where} Set failed: {err}")
             cur[lo : lo + LFT_BLOCK_SIZE] = NO_ROUTE ^ 1  # unknown: differs from anything we'd send
+            if isinstance(err, MadTimeout):
+                rep.timed_out.append((node, 0))
         else:
             rep.failures.append(f"{where} reads back different")
             cur[lo : lo + LFT_BLOCK_SIZE] = res.data[j]
 
 
-async def _activate(transport: WindowedTransport, d: Discovery, rep: ProgramReport) -> None:
+async def _activate(transport: WindowedTransport, d: Discovery, rep: ProgramReport, keys: MKeys | None = None) -> None:
     """ARMED -> ACTIVE on every up port, now that the LFTs are in."""
     f = d.fabric
     active = int(PortState.ACTIVE)
     cn, cp = np.nonzero(f.up_mask() & (f.state == PortState.ARMED))
     fields: Fields = {"PortState": (np.ones(cn.size, bool), np.full(cn.size, active, np.int64))}
-    ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "ACTIVE")
+    ok, failures = await _port_info_sets(transport, d, cn, cp, fields, "ACTIVE", None, keys, rep.timed_out)
     rep.failures += failures
     f.state[cn[ok], cp[ok]] = active
     rep.activated += int(ok.sum())

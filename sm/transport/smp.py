@@ -10,6 +10,11 @@ MAD from cached pieces; :func:`smp_batch_dr` takes directed-route SMPs as
 arrays (path index, modifier, data per row) and builds and checks them as one
 (rows, 256) array, for the big stages (LFT blocks, PortInfo Sets, discovery
 levels). :class:`RowCodec` reads and writes attribute fields over such rows.
+
+Every SMP carries the M_Key of the port it addresses (bytes 24..31; IBA
+14.2.4), given per request (``mkeys``): one vectorized write into the batch
+array for :func:`smp_batch_dr`, a cached header tail per key for
+:func:`smp_batch`. Without ``mkeys`` the key is 0 and nothing is done per SMP.
 """
 
 from __future__ import annotations
@@ -57,29 +62,30 @@ class SmpError(IbfmError):
 
 
 async def smp_get_raw(
-    transport: WindowedTransport, route: Route, attr_id: int, attr_mod: int = 0, data: bytes = b""
+    transport: WindowedTransport, route: Route, attr_id: int, attr_mod: int = 0, data: bytes = b"", *, mkey: int = 0
 ) -> bytes:
     """Send a Get; returns the attribute data of the GetResp (64 bytes)."""
-    return await _exchange(transport, route, Method.GET, attr_id, attr_mod, data)
+    return await _exchange(transport, route, Method.GET, attr_id, attr_mod, data, mkey)
 
 
 async def smp_set_raw(
-    transport: WindowedTransport, route: Route, attr_id: int, attr_mod: int, data: bytes
+    transport: WindowedTransport, route: Route, attr_id: int, attr_mod: int, data: bytes, *, mkey: int = 0
 ) -> bytes:
     """Send a Set; returns the attribute data of the GetResp (the device's state after it)."""
-    return await _exchange(transport, route, Method.SET, attr_id, attr_mod, data)
+    return await _exchange(transport, route, Method.SET, attr_id, attr_mod, data, mkey)
 
 
 async def smp_get(
-    transport: WindowedTransport, route: Route, layout: Layout, attr_id: int, attr_mod: int = 0
+    transport: WindowedTransport, route: Route, layout: Layout, attr_id: int, attr_mod: int = 0, *, mkey: int = 0
 ) -> dict[str, FieldValue]:
-    return layout.unpack(await smp_get_raw(transport, route, attr_id, attr_mod))
+    return layout.unpack(await smp_get_raw(transport, route, attr_id, attr_mod, mkey=mkey))
 
 
 async def _exchange(
-    transport: WindowedTransport, route: Route, method: int, attr_id: int, attr_mod: int, data: bytes
+    transport: WindowedTransport, route: Route, method: int, attr_id: int, attr_mod: int, data: bytes, mkey: int
 ) -> bytes:
-    (res,) = await smp_batch(transport, [(route, method, attr_id, attr_mod, data[:SMP_DATA_SIZE])])
+    request = (route, method, attr_id, attr_mod, data[:SMP_DATA_SIZE])
+    (res,) = await smp_batch(transport, [request], mkeys=[mkey] if mkey else None)
     if isinstance(res, IbfmError):
         raise res
     return res
@@ -91,6 +97,9 @@ SmpRequest = tuple[Route, int, int, int, bytes]
 _U16 = struct.Struct(">H")
 _DR_TAIL = bytes(8) + b"\xff\xff\xff\xff" + bytes(DATA_OFFSET - 36)
 """DR SMP bytes 24..63: M_Key 0, DrSLID and DrDLID permissive, reserved."""
+M_KEY_OFFSET = 24
+"""Where an SMP carries its M_Key (8 bytes, big-endian)."""
+_M_KEY_MAX = (1 << 64) - 1
 _SUBN_DR = int(MgmtClass.SUBN_DR)
 _SUBN_LID = int(MgmtClass.SUBN_LID)
 
@@ -102,22 +111,28 @@ def _dr_paths_block(path: tuple[int, ...]) -> bytes:
     return (b"\0" + bytes(path)).ljust(MAD_SIZE - INITIAL_PATH_OFFSET, b"\0")
 
 
-def build_smps(requests: Sequence[SmpRequest]) -> list[tuple[bytes, Route]]:
+def build_smps(requests: Sequence[SmpRequest], mkeys: Sequence[int] | None = None) -> list[tuple[bytes, Route]]:
     """The request MADs (TID 0) of ``requests``, ready for ``send_many``.
 
     Directed-route SMPs are joined from cached pieces (header per method,
-    attribute and hop count; path bytes per path), byte for byte what
+    attribute and hop count; path bytes per path; with ``mkeys``, the key
+    and the rest of bytes 24..63 per key), byte for byte what
     :func:`~fabric.mad.smp_dr` builds; anything odd goes through the
-    checked builders, which name the problem.
+    checked builders, which name the problem. ``mkeys[i]`` is the M_Key of
+    request ``i`` (None: 0 for all).
     """
+    if mkeys is not None and len(mkeys) != len(requests):
+        raise ValueError(f"{len(mkeys)} M_Keys for {len(requests)} requests")
     heads: dict[tuple[int, int, int], bytes] = {}
     paths: dict[tuple[int, ...], bytes] = {}
+    tails: dict[int, bytes] = {0: _DR_TAIL}
     join = b"".join
     out: list[tuple[bytes, Route]] = []
     append = out.append
-    for route, method, attr_id, attr_mod, data in requests:
+    for i, (route, method, attr_id, attr_mod, data) in enumerate(requests):
+        mkey = mkeys[i] if mkeys is not None else 0
         if isinstance(route, int):
-            append((smp_lid(method, attr_id, attr_mod, 0, data), route))
+            append((smp_lid(method, attr_id, attr_mod, 0, data, mkey), route))
             continue
         try:
             key = (method, attr_id, len(route))
@@ -132,13 +147,18 @@ def build_smps(requests: Sequence[SmpRequest]) -> list[tuple[bytes, Route]]:
             block = paths.get(route)
             if block is None:
                 block = paths[route] = _dr_paths_block(route)
+            tail = tails.get(mkey)
+            if tail is None:
+                if not 0 <= mkey <= _M_KEY_MAX:
+                    raise ValueError(mkey)
+                tail = tails[mkey] = mkey.to_bytes(8, "big") + _DR_TAIL[8:]
             if len(data) != SMP_DATA_SIZE:
                 if len(data) > SMP_DATA_SIZE:
                     raise ValueError(data)
                 data = data.ljust(SMP_DATA_SIZE, b"\0")
-            append((join((head, attr_mod.to_bytes(4, "big"), _DR_TAIL, data, block)), route))
+            append((join((head, attr_mod.to_bytes(4, "big"), tail, data, block)), route))
         except (ValueError, OverflowError, TypeError, AttributeError, struct.error):
-            append((smp_dr(method, attr_id, attr_mod, 0, route, data), route))  # raises MadError naming it
+            append((smp_dr(method, attr_id, attr_mod, 0, route, data, mkey), route))  # raises MadError naming it
     return out
 
 
@@ -163,13 +183,18 @@ async def send_resending(
 
 
 async def smp_batch(
-    transport: WindowedTransport, requests: list[SmpRequest], *, resend: int = RESEND_ROUNDS
+    transport: WindowedTransport,
+    requests: list[SmpRequest],
+    *,
+    resend: int = RESEND_ROUNDS,
+    mkeys: Sequence[int] | None = None,
 ) -> list[bytes | IbfmError]:
     """Send every SMP under the window; per request the attribute data, or the error naming it.
 
-    ``resend``: rounds for requests that timed out (:func:`send_resending`).
+    ``resend``: rounds for requests that timed out (:func:`send_resending`). ``mkeys``: the M_Key
+    each request carries (the key of the port it addresses); None: 0.
     """
-    answers = await send_resending(transport, build_smps(requests), resend)
+    answers = await send_resending(transport, build_smps(requests, mkeys), resend)
     out: list[bytes | IbfmError] = []
     append = out.append
     for (route, method, attr_id, attr_mod, _), ans in zip(requests, answers, strict=True):
@@ -262,14 +287,16 @@ async def smp_batch_dr(
     data: npt.NDArray[np.uint8] | None = None,
     *,
     resend: int = RESEND_ROUNDS,
+    mkeys: npt.NDArray[np.uint64] | int | None = None,
 ) -> SmpAnswers:
     """Directed-route SMPs of one method, one per row, built and checked as arrays.
 
     Row ``r`` asks for attribute ``attr_id`` (or ``attr_id[r]``) along
-    ``paths[which[r]]`` with modifier ``attr_mod[r]`` and data ``data[r]`` (64
-    bytes). The 256-byte MADs are written as one (rows, 256) array, the answers
-    read back as one; only rows that failed are looked at one by one, to name
-    what went wrong. Same MADs, same checks as :func:`smp_batch`.
+    ``paths[which[r]]`` with modifier ``attr_mod[r]``, data ``data[r]`` (64
+    bytes) and M_Key ``mkeys[r]`` (or ``mkeys`` for every row; None: 0). The
+    256-byte MADs are written as one (rows, 256) array, the answers read back
+    as one; only rows that failed are looked at one by one, to name what went
+    wrong. Same MADs, same checks as :func:`smp_batch`.
     """
     which = np.asarray(which, np.intp)
     n = which.shape[0]
@@ -290,6 +317,8 @@ async def smp_batch_dr(
         smp_dr(method, int(attrs[0]), int(mods[(mods < 0) | (mods > 0xFFFFFFFF)][0]), 0, ())  # raises MadError
     mads[:, 20:24] = mods.astype(">u4").view(np.uint8).reshape(n, 4)
     mads[:, 32:36] = 0xFF  # DrSLID, DrDLID permissive
+    if mkeys is not None:
+        mads[:, M_KEY_OFFSET : M_KEY_OFFSET + 8] = _key_bytes(mkeys, n)
     if data is not None:
         mads[:, DATA_OFFSET : DATA_OFFSET + SMP_DATA_SIZE] = data
     mads[:, INITIAL_PATH_OFFSET:] = block[slot]
@@ -320,6 +349,25 @@ async def smp_batch_dr(
         else:
             errors[r] = res
     return SmpAnswers(ok, out, errors)
+
+
+def stamp_m_key(mad: bytes, mkey: int) -> bytes:
+    """SMP ``mad`` (built elsewhere, e.g. by :func:`~fabric.mad.smp_dr`) carrying M_Key ``mkey`` instead."""
+    if not mkey:
+        return mad
+    return mad[:M_KEY_OFFSET] + mkey.to_bytes(8, "big") + mad[M_KEY_OFFSET + 8 :]
+
+
+def _key_bytes(mkeys: npt.NDArray[np.uint64] | int, n: int) -> npt.NDArray[np.uint8]:
+    """M_Keys as the (n, 8) or (1, 8) big-endian bytes an SMP carries them in; MadError for a bad one."""
+    if isinstance(mkeys, int):
+        if not 0 <= mkeys <= _M_KEY_MAX:
+            smp_dr(Method.GET, 0, 0, 0, (), b"", mkeys)  # raises MadError naming it
+        return np.frombuffer(mkeys.to_bytes(8, "big"), np.uint8).reshape(1, 8)
+    keys = np.asarray(mkeys)
+    if keys.shape != (n,):
+        raise ValueError(f"{keys.shape} M_Keys for {n} rows")
+    return keys.astype(">u8").view(np.uint8).reshape(n, 8)
 
 
 class RowCodec:
