@@ -131,6 +131,7 @@ def sm_config(settings: Settings) -> SmConfig:
         sm_poll_retries=s.poll_retries,
         partitions=load_partitions(s.partitions) if s.partitions is not None else None,
         part_enforce=s.part_enforce,
+        **s.m_key_options(),
     )
 
 

@@ -55,6 +55,7 @@ from fabric.mad import (
 from fabric.model import NodeType
 from sm.sweep.discover import Discovery
 from sm.transport.base import MadAddress, Route, WindowedTransport
+from sm.transport.smp import stamp_m_key
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class Elector:
         on_change: StateListener | None = None,
         request_sweep: Callable[[str, bool], None] | None = None,
         locate: Callable[[bytes], tuple[int, int] | None] | None = None,
+        m_key_of: Callable[[Route], int] | None = None,
     ) -> None:
         if not 0 <= priority <= 15:
             raise ValueError(f"SM priority {priority} outside 0..15")
@@ -171,6 +173,8 @@ class Elector:
         self._on_change = on_change
         self._request_sweep = request_sweep
         self._locate = locate
+        self._m_key_of = m_key_of
+        """The M_Key an SMInfo SMP along a route must carry (the addressed port's); None: keys are not in play."""
         """Directed-route SMP as it arrived -> (port GUID, LID) of the port that sent it (from the snapshot)."""
         self._asked: dict[int, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -413,6 +417,8 @@ class Elector:
             if isinstance(route, tuple)
             else smp_lid(Method.GET, SmpAttr.SM_INFO, 0, 0)
         )
+        if self._m_key_of is not None:
+            mad = stamp_m_key(mad, self._m_key_of(route))
         try:
             ans = await self.transport.send(mad, route)
             m = parse_mad(ans)
@@ -544,6 +550,8 @@ class Elector:
             self.expect_sm()
         try:
             mad = smp_lid(Method.GET, SmpAttr.SM_INFO, 0, 0)
+            if self._m_key_of is not None:
+                mad = stamp_m_key(mad, self._m_key_of(lid))
             try:
                 ans = parse_mad(await self.transport.send(mad, lid, timeout=0.05, retries=1))
                 info = SM_INFO.unpack(ans.data)

@@ -386,7 +386,7 @@ class McMemberRecordFamily:
         out[38] = 0x80 | (out[38] & 0x3F)
         out[42] = 0x80 | (out[42] & 0x3F)
         out[43] = 0x80 | (out[43] & 0x3F)
-        out[48] = (out[48] & 0xF0) | left
+        out[48] = (group.scope << 4) | left  # the group's scope, as OpenSM answers (the request may carry 0)
         return bytes(out)
 
     # -- queries ----------------------------------------------------------------------------

@@ -105,6 +105,8 @@ log = logging.getLogger("ibfm.sm")
 OFFLOAD_TIMEOUT_S = 600.0
 """How long a sweep waits for each result of its routing and checks (sm.sweep.offload) before giving up."""
 
+MCAST_SETTLE_S = 0.02
+"""After a join or leave wakes the sweeper, how long it waits for the rest of a burst before one MFT pass."""
 TRAP_SETTLE_S = 0.01
 """After a trap, how long to wait for the rest of its burst before sweeping."""
 
@@ -276,6 +278,7 @@ class FabricManager:
             on_change=self._role_changed,
             request_sweep=lambda reason, heavy: self.request_sweep(reason, heavy=heavy),
             locate=self._dr_sender,
+            m_key_of=self.m_key_of_route,
         )
         """SMInfo and the election: whether this SM may write to the fabric."""
         transport.trap_peek = self._peek_trap
@@ -291,6 +294,10 @@ class FabricManager:
         self._hops: tuple[Fabric, HopTable] | None = None
         self._mcast_dirty = False
         """A group changed since the MFTs were last programmed."""
+        self._mcast_changed: set[int] = set()
+        """MLIDs of the groups that changed since the last pass."""
+        self._mcast_trees: dict[int, McastTree] = {}
+        """MLID -> the tree the MFTs were last programmed with."""
         self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
         for name in self.config.engines:  # loaded here once, not in every sweep's forked child
@@ -388,6 +395,7 @@ class FabricManager:
 
         def changed(mlid: int, group: object) -> None:
             self._mcast_dirty = True
+            self._mcast_changed.add(mlid)
             self._wake.set()
 
         groups.on_change.append(changed)
@@ -398,44 +406,61 @@ class FabricManager:
         async with self._lock:
             self._wake.clear()
             if self.snapshot is not None:
-                await self._program_multicast(self.snapshot)
+                await self._program_multicast(self.snapshot, full=False)
 
-    async def _program_multicast(self, snap: SubnetSnapshot) -> None:
+    async def _program_multicast(self, snap: SubnetSnapshot, *, full: bool = True) -> None:
         """The SM's own groups (each ipoib partition's broadcast group), then one tree per group over
-        ``snap``'s topology and the MFT blocks that differ from what the switches hold."""
+        ``snap``'s topology and the MFT blocks that differ from what the switches hold.
+
+        ``full`` (after a heavy sweep): groups pruned of ports that left, every tree built again. Else (joins
+        and leaves since the last pass): only the trees of the groups that changed."""
         groups = self.mcast
         if groups is None or not self.elector.may_write:
             return
         self._mcast_dirty = False
+        changed, self._mcast_changed = self._mcast_changed, set()
         f, d = snap.fabric, snap.discovery
-        caps = [int(d.switch_info.get(n, {}).get("MulticastFDBCap", 0)) for n in f.switches.tolist()]
-        if caps and min(caps) > 0:
-            groups.set_mlid_cap(min(caps))
-        plan = snap.partitions
-        for part in plan.ipoib if plan is not None else ():
-            for scope in part.scope or (None,):
-                params: dict[str, Any] = {"scope": scope, "sl": part.sl or 0}
-                if part.mtu:
-                    params["mtu"] = part.mtu
-                if part.rate:
-                    params["rate"] = part.rate
-                if part.q_key is not None:
-                    params["qkey"] = part.q_key
-                try:
-                    groups.create_ipoib_broadcast(part.pkey, **params)
-                except IbfmError as e:
-                    log.warning("partition %s: no IPoIB broadcast group: %s", part.name, e)
-        groups.prune(snap)
         if self._hops is None or self._hops[0] is not f:
             self._hops = (f, hop_table(f))
+            full = True
+        if full:
+            caps = [int(d.switch_info.get(n, {}).get("MulticastFDBCap", 0)) for n in f.switches.tolist()]
+            if caps and min(caps) > 0:
+                groups.set_mlid_cap(min(caps))
+            plan = snap.partitions
+            for part in plan.ipoib if plan is not None else ():
+                for scope in part.scope or (None,):
+                    # SL stays 0: OpenSM gives a partition's sl to its groups only with QoS on (issue 17)
+                    params: dict[str, Any] = {"scope": scope}
+                    if part.mtu:
+                        params["mtu"] = part.mtu
+                    if part.rate:
+                        params["rate"] = part.rate
+                    if part.q_key is not None:
+                        params["qkey"] = part.q_key
+                    if part.tclass is not None:
+                        params["tclass"] = part.tclass
+                    if part.flow_label is not None:
+                        params["flow_label"] = part.flow_label
+                    try:
+                        groups.create_ipoib_broadcast(part.pkey, **params)
+                    except IbfmError as e:
+                        log.warning("partition %s: no IPoIB broadcast group: %s", part.name, e)
+            groups.prune(snap)
+            self._mcast_trees = {}
+            changed = {g.mlid for g in groups.groups.values()}
         hops = self._hops[1]
-        trees: dict[int, McastTree] = {}
-        for g in groups.groups.values():
+        trees = self._mcast_trees
+        for mlid in changed:
+            g = groups.by_mlid(mlid)
+            if g is None:
+                trees.pop(mlid, None)
+                continue
             members: list[tuple[int, int]] = []
             for guid in sorted(groups.ports(g)):
                 with contextlib.suppress(KeyError):
                     members.append(f.by_port_guid(guid))
-            trees[g.mlid] = build_tree(f, snap.lids, snap.lft, members, hops=hops, branches="hops")
+            trees[mlid] = build_tree(f, snap.lids, snap.lft, members, hops=hops, branches="hops")
         if not trees and not self.held_mfts:
             return
         try:
@@ -470,7 +495,9 @@ class FabricManager:
             while not stop.is_set():
                 try:
                     if self._mcast_dirty and not self._reasons and not self._force_heavy:
-                        await self.multicast_pass()  # woken by joins or leaves only
+                        # woken by joins or leaves only: a moment for the rest of a burst, then one pass
+                        await asyncio.sleep(MCAST_SETTLE_S)
+                        await self.multicast_pass()
                     else:
                         await self.sweep()
                 except SweepError:
@@ -926,7 +953,7 @@ class FabricManager:
                     )
                 )
                 if self._mcast_dirty:  # joins and leaves since the last pass
-                    await self._program_multicast(prev)
+                    await self._program_multicast(prev, full=False)
                 return None
             try:
                 d = apply_changes(prev.discovery, light, held=held)
