@@ -144,3 +144,29 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
         finally:
             os.close(fd)
     return removed
+
+
+def db_lines(
+    path: str | os.PathLike[str], what: str, error: type[Exception]
+) -> tuple[list[tuple[int, str]], list[str]]:
+    """The lines of one of OpenSM's database files (guid2lid, guid2mkey, neighbors): (line number, the text
+    before any ``#``) for each, and a warning naming file, line and column for each line with a byte that is
+    not ASCII (that line is skipped). Read on bytes, so a stray byte costs its own line only: the comment is
+    cut off first, and UTF-8 builds every character but ``#`` from bytes >= 0x80. A missing file has no
+    lines; one that cannot be read raises ``error``."""
+    p = Path(path)
+    lines: list[tuple[int, str]] = []
+    warnings: list[str] = []
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        return lines, warnings
+    except OSError as e:
+        raise error(f"{p}: cannot read the {what} file: {e.strerror or e}") from e
+    for n, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
+        data = line.split(b"#", 1)[0]
+        try:
+            lines.append((n, data.decode("ascii")))
+        except UnicodeDecodeError as e:
+            warnings.append(f"{p}:{n}:{e.start + 1}: byte {data[e.start]:#04x} is not ASCII; entry ignored")
+    return lines, warnings

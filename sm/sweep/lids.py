@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fabric.errors import IbfmError
-from fabric.fileio import copy_atomic, remove_stale_temps, write_text_atomic
+from fabric.fileio import copy_atomic, db_lines, remove_stale_temps, write_text_atomic
 from fabric.model import Fabric
 from sm.lidmap import MAX_UNICAST_LID, LidMap
 
@@ -52,24 +52,10 @@ def read_guid2lid(path: str | os.PathLike[str]) -> tuple[Guid2Lid, list[str]]:
     """Parse a guid2lid file; returns (entries, warnings), one warning per line not kept. A missing file is empty."""
     p = Path(path)
     entries: Guid2Lid = {}
-    warnings: list[str] = []
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        return entries, warnings
-    except OSError as e:
-        raise LidError(f"{p}: cannot read the guid2lid file: {e.strerror or e}") from e
+    lines, warnings = db_lines(p, "guid2lid", LidError)
     seen_lid: dict[int, tuple[int, int]] = {}
-    # Line by line on bytes: a stray byte costs its own line only. The comment is cut off before
-    # decoding, so it may hold anything: "#" is ASCII, and UTF-8 builds every other character from
-    # bytes >= 0x80 only.
-    for n, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
-        data = line.split(b"#", 1)[0]
-        try:
-            s = data.decode("ascii").strip()
-        except UnicodeDecodeError as e:
-            warnings.append(f"{p}:{n}: byte {data[e.start]:#04x} at column {e.start + 1} is not ASCII; entry ignored")
-            continue
+    for n, text in lines:
+        s = text.strip()
         if not s:
             continue
         parts = s.split()

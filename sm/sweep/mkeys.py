@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.errors import IbfmError
-from fabric.fileio import copy_atomic, remove_stale_temps, write_text_atomic
+from fabric.fileio import copy_atomic, db_lines, remove_stale_temps, write_text_atomic
 from fabric.mad import PORT_INFO, Method, SmpAttr
 from fabric.model import Fabric, NodeType
 from sm.transport.base import WindowedTransport
@@ -132,20 +132,8 @@ def read_db(path: str | os.PathLike[str], fmt: _Format[K, V]) -> tuple[dict[K, V
     and column. A missing file is empty."""
     p = Path(path)
     entries: dict[K, V] = {}
-    warnings: list[str] = []
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        return entries, warnings
-    except OSError as e:
-        raise MKeyError(f"{p}: cannot read the {fmt.what} file: {e.strerror or e}") from e
-    for n, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
-        data = line.split(b"#", 1)[0]
-        try:
-            s = data.decode("ascii")
-        except UnicodeDecodeError as e:
-            warnings.append(f"{p}:{n}:{e.start + 1}: byte {data[e.start]:#04x} is not ASCII; entry ignored")
-            continue
+    lines, warnings = db_lines(p, fmt.what, MKeyError)
+    for n, s in lines:
         parts = s.split()
         if not parts:
             continue
