@@ -106,3 +106,23 @@ async def test_a_group_a_host_creates_gets_a_tree_and_goes_with_its_last_member(
                 assert ans.status == 0
             await settle(mgr)
             assert mc(r).get(mgid) is None and held_masks(r, mlid) == {}
+
+
+async def test_a_partition_taken_out_takes_its_broadcast_group_with_it() -> None:
+    from sm.partitions.config import parse_partitions
+
+    f = fattree(2, 4)
+    with_b = "Default=0x7fff, ipoib : ALL=full ;\nB=0x0002, ipoib : ALL=full ;\n"
+    async with sa_rig(f, partitions=parse_partitions(with_b, "p.conf")) as r:
+        mgr = r.manager
+        await mgr.heavy_sweep()  # (the rig wires the SA after its first sweep)
+        b_group = ipoib_mgid(0x8002)
+        g = mc(r).get(b_group)
+        assert g is not None and g.permanent and mc(r).get(BROADCAST) is not None
+        mlid = g.mlid
+        in_use = mc(r).pool.in_use
+        mgr.set_partitions(parse_partitions("Default=0x7fff, ipoib : ALL=full ;\n", "p.conf"))
+        await mgr.sweep()
+        assert mc(r).get(b_group) is None and mlid not in mc(r).pool  # no member held it: gone, MLID free
+        assert mc(r).pool.in_use == in_use - 1 and mc(r).get(BROADCAST) is not None
+        assert held_masks(r, mlid) == {}

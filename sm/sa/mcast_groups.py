@@ -465,6 +465,17 @@ class McGroups:
 
     # -- internals ----------------------------------------------------------------------
 
+    def release_permanent(self, mgid: bytes) -> bool:
+        """The SM keeps group ``mgid`` no longer (the partition that made it is gone): it goes now when no full
+        member holds it, else with its last full member. True when such a permanent group was there."""
+        group = self.groups.get(bytes(mgid))
+        if group is None or not group.permanent:
+            return False
+        group.permanent = False
+        if not group.full_members:
+            self._cleanup(group)
+        return True
+
     def _cleanup(self, group: McGroup) -> None:
         """No full member left: drop the rest; delete the group unless permanent (osm_mgrp_cleanup)."""
         group.members.clear()

@@ -298,6 +298,8 @@ class FabricManager:
         """MLIDs of the groups that changed since the last pass."""
         self._mcast_trees: dict[int, McastTree] = {}
         """MLID -> the tree the MFTs were last programmed with."""
+        self._sm_groups: set[bytes] = set()
+        """MGIDs of the groups this SM made for its partitions (IPoIB broadcast groups)."""
         self.sweeps = 0
         self.lid_manager = LidManager(self.config.guid2lid, lmc=self.config.lmc)
         for name in self.config.engines:  # loaded here once, not in every sweep's forked child
@@ -428,6 +430,7 @@ class FabricManager:
             if caps and min(caps) > 0:
                 groups.set_mlid_cap(min(caps))
             plan = snap.partitions
+            made: set[bytes] = set()
             for part in plan.ipoib if plan is not None else ():
                 for scope in part.scope or (None,):
                     # SL stays 0: OpenSM gives a partition's sl to its groups only with QoS on (issue 17)
@@ -443,9 +446,13 @@ class FabricManager:
                     if part.flow_label is not None:
                         params["flow_label"] = part.flow_label
                     try:
-                        groups.create_ipoib_broadcast(part.pkey, **params)
+                        made.add(groups.create_ipoib_broadcast(part.pkey, **params).mgid)
                     except IbfmError as e:
                         log.warning("partition %s: no IPoIB broadcast group: %s", part.name, e)
+            for mgid in self._sm_groups - made:  # their partition (or its ipoib flag) was taken out
+                if groups.release_permanent(mgid):
+                    log.info("multicast group %s: its partition is gone; kept only while members hold it", mgid.hex())
+            self._sm_groups = made
             groups.prune(snap)
             self._mcast_trees = {}
             changed = {g.mlid for g in groups.groups.values()}
