@@ -304,8 +304,16 @@ SA_BUSY = _metric("ibfm_sa_busy_total", MetricType.COUNTER, "",
     "wait for its services than their backlog holds.")
 SA_DROPPED = _metric("ibfm_sa_dropped_total", MetricType.COUNTER, "",
     "SA MADs not answered: unreadable, answers nobody asked for, or answers that could not be sent.")
+M_KEY_TRAPS = _metric("ibfm_mkey_violation_traps_total", MetricType.COUNTER, "",
+    "Traps 256 (bad M_Key) received: another SM or a tool tried a protected port without its key.")
+MCAST_GROUPS = _metric("ibfm_multicast_groups", MetricType.GAUGE, "",
+    "Multicast groups the SA holds (IPoIB broadcast groups included).")
+MCAST_MEMBERS = _metric("ibfm_multicast_members", MetricType.GAUGE, "",
+    "Members of all multicast groups (a port in two groups counts twice).")
+MFT_BLOCKS = _metric("ibfm_mft_blocks_sent_total", MetricType.COUNTER, "",
+    "MulticastForwardingTable blocks (32 MLIDs x 16 ports) sent to switches.")
 SM_METRICS: tuple[MetricDef, ...] = (SM_STATE, SM_MASTER_INFO, SM_PRIORITY, SA_REQUESTS, SA_RECORDS, SA_BUSY,
-                                     SA_DROPPED)
+                                     SA_DROPPED, M_KEY_TRAPS, MCAST_GROUPS, MCAST_MEMBERS, MFT_BLOCKS)
 
 # -- partitions (the last heavy sweep's plan) --------------------------------------------------------
 

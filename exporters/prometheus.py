@@ -212,6 +212,10 @@ class SmFigures:
     sa_records: int = 0
     sa_busy: int = 0
     sa_dropped: int = 0
+    m_key_traps: int = 0
+    mcast_groups: int = 0
+    mcast_members: int = 0
+    mft_blocks_sent: int = 0
 
 
 MetricsSource = Callable[[], MetricsInputs]
@@ -738,6 +742,10 @@ def _sm_families(sm: SmFigures) -> list[_Family | _Vector]:
         (M.SA_RECORDS, sm.sa_records),
         (M.SA_BUSY, sm.sa_busy),
         (M.SA_DROPPED, sm.sa_dropped),
+        (M.M_KEY_TRAPS, sm.m_key_traps),
+        (M.MCAST_GROUPS, sm.mcast_groups),
+        (M.MCAST_MEMBERS, sm.mcast_members),
+        (M.MFT_BLOCKS, sm.mft_blocks_sent),
     ):
         fam = _Family(m)
         fam.add(v)

@@ -215,9 +215,13 @@ class Service:
     def _metrics_inputs(self) -> Any:
         role = self.manager.elector.role()
         st = self.sa.stats
+        mgr = self.manager
+        groups = mgr.mcast.groups if mgr.mcast is not None else {}
         sm = self._prom.SmFigures(
             int(role.state), role.priority, role.guid, role.master_guid, role.master_lid,
             st.received, st.records, st.busy + self.transport.stats.busy, st.dropped,
+            m_key_traps=mgr.m_key_traps, mcast_groups=len(groups),
+            mcast_members=sum(len(g.members) for g in groups.values()), mft_blocks_sent=mgr.mft_blocks_sent,
         )
         return self._prom.MetricsInputs(self.manager.snapshot, self.perfmgr, self.prediction, self.sweep_stats, sm)
 

@@ -59,7 +59,8 @@ class Rig:
 
     def inputs(self, **kw: object) -> MetricsInputs:
         role = self.mgr.elector.role()
-        sm = SmFigures(int(role.state), role.priority, role.guid, role.master_guid, role.master_lid, 7, 9, 1, 2)
+        sm = SmFigures(int(role.state), role.priority, role.guid, role.master_guid, role.master_lid, 7, 9, 1, 2,
+                       m_key_traps=4, mcast_groups=2, mcast_members=5, mft_blocks_sent=12)  # fmt: skip
         args: dict[str, object] = {"snapshot": self.snap, "perfmgr": self.pm, "sweeps": self.stats, "sm": sm}
         args.update(kw)
         return MetricsInputs(**args)  # type: ignore[arg-type]
@@ -203,6 +204,8 @@ def test_values_come_from_the_arrays(rig: Rig) -> None:
     assert sum(errs.values()) == 3
     assert set(series(s, "ibfm_device_up").values()) == {1.0}
     assert s[("ibfm_sm_state", frozenset())] == 3 and s[("ibfm_sa_requests_total", frozenset())] == 7
+    assert s[("ibfm_mkey_violation_traps_total", frozenset())] == 4 and s[("ibfm_multicast_groups", frozenset())] == 2
+    assert s[("ibfm_multicast_members", frozenset())] == 5 and s[("ibfm_mft_blocks_sent_total", frozenset())] == 12
     guid = f"{rig.mgr.elector.guid:#018x}"
     info = frozenset({("master_guid", guid), ("master_lid", str(rig.snap.sm_lid)), ("self", "1")})
     assert s[("ibfm_sm_master_info", info)] == 1

@@ -291,6 +291,8 @@ class FabricManager:
         self.held_mfts: HeldMfts = {}
         self.mft_report: MftReport | None = None
         """What the last MFT programming did."""
+        self.mft_blocks_sent = 0
+        """MFT blocks sent since start (a metric)."""
         self._hops: tuple[Fabric, HopTable] | None = None
         self._mcast_dirty = False
         """A group changed since the MFTs were last programmed."""
@@ -476,6 +478,7 @@ class FabricManager:
             log.warning("multicast forwarding tables not programmed: %s", e)
             return
         self.mft_report = rep
+        self.mft_blocks_sent += rep.blocks_sent
         if rep.failures:
             log.warning("MFT programming: %d failures, e.g. %s", len(rep.failures), rep.failures[0])
         elif rep.blocks_sent:
