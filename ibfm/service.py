@@ -289,8 +289,9 @@ class Service:
         for spec, use in ((traffic_spec, "traffic"), (metrics_spec, "metrics")):
             if not spec:
                 continue
+            reused = use == "metrics" and spec == traffic_spec and self._last_traffic is not None
             try:
-                if use == "metrics" and spec == traffic_spec and self._last_traffic is not None:
+                if reused:
                     report = self._last_traffic
                 else:
                     report = await asyncio.to_thread(one, spec)
@@ -307,9 +308,12 @@ class Service:
                 self._last_traffic = report
             else:
                 self.prediction = report
+            if reused:
+                continue  # the traffic's prediction, already reported: one line per prediction
             stats = report.flow_stats()
+            uses = "traffic and metrics" if use == "traffic" and metrics_spec == traffic_spec else use
             log.info("predicted %s pattern %s on sweep %d: %d flows, %d unrouted, max utilization %.2f",
-                     use, spec, snap.sweep, stats["flows"], stats["unrouted"], stats["max_utilization"])
+                     uses, spec, snap.sweep, stats["flows"], stats["unrouted"], stats["max_utilization"])
 
     def _advance_emulator(self) -> None:
         """Let the emulated traffic flow up to now."""

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,7 @@ def test_sm_daemon_sweeps_until_sigterm_then_exits_0(tmp_path: Path) -> None:
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
         assert first["subnet_up"] and dump.exists()
+        assert datetime.fromisoformat(first["time"]).tzinfo is not None  # each report says when
         time.sleep(0.6)  # a few light sweeps
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,7 @@ def summary(snap: SubnetSnapshot, stats: TransportStats | None = None) -> dict[s
     f = snap.fabric
     counts = f.summary()
     out = {
+        "time": datetime.fromtimestamp(snap.time, UTC).isoformat(timespec="seconds"),
         "subnet_up": snap.up,
         "nodes": {"switches": counts["switches"], "cas": counts["cas"], "links": counts["links"]},
         "lids": {"assigned": int(snap.lids.used().size), "lmc": snap.lids.lmc, "max_lid": snap.lids.max_lid},
@@ -343,7 +345,12 @@ async def run_daemon(args: argparse.Namespace) -> int:
 
                     write_text_atomic(args.dump_lfts, format_lfts(snap.fabric, snap.lids, snap.lft))
                 s = summary(snap, transport.stats)
-                print(json.dumps(s) if args.json else f"-- sweep {snap.sweep}\n{format_summary(s)}", flush=True)
+                if args.json:
+                    print(json.dumps(s), flush=True)
+                else:  # a long run's report: every line stamped with the sweep's time
+                    stamp = s["time"]
+                    text = f"-- sweep {snap.sweep}\n{format_summary(s)}"
+                    print("\n".join(f"{stamp} {line}" for line in text.splitlines()), flush=True)
 
         manager.events.subscribe(on_event)
         await manager.run(stop)
