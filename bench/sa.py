@@ -61,6 +61,7 @@ from sm.sa.store import SaStore
 from sm.sweep.manager import FabricManager, SmConfig
 from sm.transport.base import MadAddress
 from sm.transport.emulated import EmulatedTransport
+from tests.conftest import stop_process
 
 PR = int(SaAttr.PATH_RECORD)
 
@@ -343,16 +344,6 @@ def _client_run(sim: Any, work: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _stop(p: subprocess.Popen[Any]) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _wait(what: str, cond: Any, timeout: float, p: subprocess.Popen[Any]) -> float:
     t0 = time.monotonic()
     while not cond():
@@ -407,7 +398,7 @@ def vs_opensm(args: Any) -> None:
                         res["cpu_us_per_request"] = (_cpu_seconds(p.pid) - cpu0) / max(res["sent"], 1) * 1e6
                         runs[name].append(res)
                     finally:
-                        _stop(p)
+                        stop_process(p, 5.0)
     print_vs({name: _median_run(rs) for name, rs in runs.items()}, args.rounds)
 
 
@@ -451,7 +442,7 @@ def _start_opensm(sim: Any, work: Path, g2l: Path) -> tuple[subprocess.Popen[Any
     try:
         up = _wait("OpenSM SUBNET UP", lambda: log.exists() and "SUBNET UP" in log.read_text(errors="replace"), 120, p)
     except BaseException:
-        _stop(p)
+        stop_process(p, 5.0)
         raise
     return p, up
 
@@ -484,7 +475,7 @@ def _start_ibfm(sim: Any, work: Path, g2l: Path) -> tuple[subprocess.Popen[Any],
     try:
         up = _wait("ibfm subnet up", lambda: health().get("subnet_up") is True, 120, p)
     except BaseException:
-        _stop(p)
+        stop_process(p, 5.0)
         raise
     return p, up
 

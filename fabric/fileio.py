@@ -170,3 +170,25 @@ def db_lines(
         except UnicodeDecodeError as e:
             warnings.append(f"{p}:{n}:{e.start + 1}: byte {data[e.start]:#04x} is not ASCII; entry ignored")
     return lines, warnings
+
+
+def backup_path(path: str | os.PathLike[str]) -> Path:
+    """Where a rewrite that drops or changes entries keeps the previous file: ``NAME.bak`` beside it."""
+    p = Path(path)
+    return p.with_name(p.name + ".bak")
+
+
+def keep_before_loss(path: str | os.PathLike[str], what: str, error: type[Exception]) -> str | None:
+    """Copy ``path`` to :func:`backup_path` before a rewrite that drops or changes entries; the note to tell the
+    operator when a copy was made (None when there was no file). ``error`` when the copy fails: the file is
+    then left as it is."""
+    p = Path(path)
+    bak = backup_path(p)
+    try:
+        kept = copy_atomic(p, bak)
+    except OSError as e:
+        raise error(
+            f"{bak}: cannot keep the previous {what} file before a rewrite that drops or changes its entries: "
+            f"{e.strerror or e}; {p} left as it is"
+        ) from e
+    return f"{p}: entries dropped or changed; the previous file is kept as {bak}" if kept else None

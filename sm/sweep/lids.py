@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fabric.errors import IbfmError
-from fabric.fileio import copy_atomic, db_lines, remove_stale_temps, write_text_atomic
+from fabric.fileio import db_lines, keep_before_loss, remove_stale_temps, write_text_atomic
 from fabric.model import Fabric
 from sm.lidmap import MAX_UNICAST_LID, LidMap
 
@@ -156,12 +156,6 @@ def assign_lids(fabric: Fabric, previous: Guid2Lid | None = None, *, lmc: int = 
     return LidPlan(LidMap.from_base(base, lmc), result, new, warnings)
 
 
-def backup_path(path: str | os.PathLike[str]) -> Path:
-    """Where a rewrite that drops or changes entries keeps the previous guid2lid file."""
-    p = Path(path)
-    return p.with_name(p.name + ".bak")
-
-
 class LidManager:
     """Owns the guid2lid file: load once, plan each sweep, write when changed."""
 
@@ -185,16 +179,9 @@ class LidManager:
             self.entries = plan.guid2lid
         elif self._lines_ignored or plan.guid2lid != self.entries:
             if self._lines_ignored or any(plan.guid2lid.get(g) != e for g, e in self.entries.items()):
-                bak = backup_path(self.path)
-                try:
-                    kept = copy_atomic(self.path, bak)
-                except OSError as e:
-                    raise LidError(
-                        f"{bak}: cannot keep the previous guid2lid file before a rewrite that drops or "
-                        f"changes its entries: {e.strerror or e}; {self.path} left as it is"
-                    ) from e
-                if kept:
-                    plan.warnings.append(f"{self.path}: entries dropped or changed; the previous file is kept as {bak}")
+                note = keep_before_loss(self.path, "guid2lid", LidError)
+                if note:
+                    plan.warnings.append(note)
             write_guid2lid(self.path, plan.guid2lid)
             self.entries = plan.guid2lid
             self._lines_ignored = False

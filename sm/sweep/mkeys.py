@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.errors import IbfmError
-from fabric.fileio import copy_atomic, db_lines, remove_stale_temps, write_text_atomic
+from fabric.fileio import db_lines, keep_before_loss, remove_stale_temps, write_text_atomic
 from fabric.mad import PORT_INFO, Method, SmpAttr
 from fabric.model import Fabric, NodeType
 from sm.transport.base import WindowedTransport
@@ -178,16 +178,9 @@ class _DbFile(Generic[K, V]):
             return []
         notes: list[str] = []
         if self._lines_ignored or any(entries.get(k) != v for k, v in self.entries.items()):
-            bak = self.path.with_name(self.path.name + ".bak")
-            try:
-                kept = copy_atomic(self.path, bak)
-            except OSError as e:
-                raise MKeyError(
-                    f"{bak}: cannot keep the previous {self.fmt.what} file before a rewrite that drops or changes "
-                    f"its entries: {e.strerror or e}; {self.path} left as it is"
-                ) from e
-            if kept:
-                notes.append(f"{self.path}: entries dropped or changed; the previous file is kept as {bak}")
+            note = keep_before_loss(self.path, self.fmt.what, MKeyError)
+            if note:
+                notes.append(note)
         # Each entry ends with a blank line, as OpenSM's osm_db_store writes it (its reader appends every
         # non-blank line to the previous key's value).
         body = "".join(f"{self.fmt.line(k, v)}\n\n" for k, v in sorted(entries.items()))  # type: ignore[type-var]
