@@ -28,3 +28,13 @@ def measure(fn: Callable[[], Any], *, memory: bool = True) -> tuple[Any, float, 
         finally:
             tracemalloc.stop()
     return result, dt, peak
+
+
+def print_vs_table(title: str, rows: list[tuple[str, str, str, str]], ratio: str, legend: str) -> None:
+    """A table of OpenSM's figure beside ibfm's: (what, OpenSM, ibfm, ratio) rows under ``title``."""
+    width = max(len(title), *(len(r[0]) for r in rows))
+    print()
+    print(f"{title:<{width}}  {'OpenSM':>10}  {'ibfm':>10}  {ratio}")
+    for a, b, c, d in rows:
+        print(f"{a:<{width}}  {b:>10}  {c:>10}  {d}")
+    print(legend)

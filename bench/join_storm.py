@@ -65,6 +65,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+from bench._common import print_vs_table
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.mad.sa import SaMethod, sa_mad
@@ -498,13 +499,10 @@ def print_vs(runs: dict[str, list[StormRun]], rounds: int) -> None:
     rows.append(("failed joins", str(sum(len(r.bad) for r in o)), str(sum(len(r.bad) for r in i)), ""))
     rows.append(("tree_faults from every member", ", ".join(r.check.split(":")[0] for r in o),
                  ", ".join(r.check.split(":")[0] for r in i), ""))  # fmt: skip
-    title = f"(b) over ibsim, medians of {rounds} round{'s' if rounds > 1 else ''}"
-    w = max(len(title), *(len(r[0]) for r in rows))
-    print()
-    print(f"{title:<{w}}  {'OpenSM':>10}  {'ibfm':>10}  ratio")
-    for a, b, c, d in rows:
-        print(f"{a:<{w}}  {b:>10}  {c:>10}  {d}")
-    print("(ratio > 1: ibfm faster; times are OpenSM/ibfm, the rate ibfm/OpenSM)")
+    print_vs_table(
+        f"(b) over ibsim, medians of {rounds} round{'s' if rounds > 1 else ''}", rows, "ratio",
+        "(ratio > 1: ibfm faster; times are OpenSM/ibfm, the rate ibfm/OpenSM)",
+    )
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import print_vs_table
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.mad.sa import SaAttr, SaMethod, component_mask, sa_mad
@@ -504,13 +505,10 @@ def print_vs(results: dict[str, dict[str, Any]], rounds: int) -> None:
         am, bm = a["median_ms"], b["median_ms"]
         ratio = f"{am / bm:.2f}x" if am and bm else "-"
         rows.append((f"{label} (ms to 1st MAD)", f"{am:.2f}" if am else "-", f"{bm:.2f}" if bm else "-", ratio))
-    title = f"over ibsim, medians of {rounds} rounds (libumad2sim cuts GetTables to one MAD)"
-    width = max(len(title), *(len(r[0]) for r in rows))
-    print()
-    print(f"{title:<{width}}  {'OpenSM':>10}  {'ibfm':>10}  ibfm/OpenSM")
-    for a_, b_, c_, d_ in rows:
-        print(f"{a_:<{width}}  {b_:>10}  {c_:>10}  {d_}")
-    print("(rates: ibfm/OpenSM > 1 is ibfm faster; times and CPU: OpenSM/ibfm > 1 is ibfm faster)")
+    print_vs_table(
+        f"over ibsim, medians of {rounds} rounds (libumad2sim cuts GetTables to one MAD)", rows, "ibfm/OpenSM",
+        "(rates: ibfm/OpenSM > 1 is ibfm faster; times and CPU: OpenSM/ibfm > 1 is ibfm faster)",
+    )
 
 
 if __name__ == "__main__":
