@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEBS := ibsim-utils libibumad3 infiniband-diags opensm mosquitto prometheus
+DEBS := ibsim-utils libibumad3 infiniband-diags opensm mosquitto prometheus chromium
 
 .PHONY: demo test lint system-deps fixtures clean
 
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Debian packages the tests drive (ibsim, diags, OpenSM, mosquitto, Prometheus).
+# Debian packages the tests drive (ibsim, diags, OpenSM, mosquitto, Prometheus, chromium).
 # Installed only when running as root and only when something is missing.
 system-deps:
 	@if [ "$$(id -u)" = 0 ]; then \
@@ -26,6 +26,7 @@ system-deps:
 
 demo: $(STAMP)
 	@echo "ibfm daemon on the built-in emulated fabric (2-level fat-tree, 32 hosts). Open:"
+	@echo "  http://127.0.0.1:9690/                                                the fabric page"
 	@echo "  http://127.0.0.1:9690/api/v1/health                                   subnet health"
 	@echo "  http://127.0.0.1:9690/api/v1/routes?src=host-00000&dst=host-00031     a route"
 	@echo "  http://127.0.0.1:9690/api/v1/nodes                                    topology"

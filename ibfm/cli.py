@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "ibfm.commands.demo",
     "ibfm.commands.congestion",
     "ibfm.commands.serve",
+    "ibfm.commands.client",
 ]
 
 COMMANDS = {
@@ -31,6 +32,10 @@ COMMANDS = {
     "congestion": "ibfm.commands.congestion",
     "ebb": "ibfm.commands.congestion",
     "serve": "ibfm.commands.serve",
+    "status": "ibfm.commands.client",
+    "links": "ibfm.commands.client",
+    "errors": "ibfm.commands.client",
+    "hot": "ibfm.commands.client",
 }
 """Subcommand -> the module that registers it: a known subcommand imports only its own module,
 which keeps ``ibfm sm`` from loading the service, the emulator and pydantic-settings."""

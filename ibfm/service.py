@@ -38,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
+from exporters.http.admin import PREDICTION
 from exporters.http.app import create_app
 from exporters.http.common import ApiConfig
 from exporters.http.partitions import RELOADER, NoPartitionsFile
@@ -175,6 +176,7 @@ class Service:
             metrics=self.metrics,
         )
         self.app.cleanup_ctx.extend([self._transport_ctx, self._sweep_ctx, self._perf_ctx, self._mqtt_ctx])
+        self.app[PREDICTION] = lambda: (self.settings.congestion.pattern, self.prediction)
         self.address: tuple[str, int] | None = None
         self._last_traffic: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -466,10 +468,15 @@ async def _finish(task: asyncio.Task[Any], what: str) -> None:
             log.exception("%s failed", what)
 
 
-def run_service(settings: Settings) -> int:
-    """Run the daemon until SIGTERM or SIGINT (SIGHUP re-reads the partitions file); 0 on a clean stop."""
+def run_service(settings: Settings, *, on_service: Callable[[Service], None] | None = None) -> int:
+    """Run the daemon until SIGTERM or SIGINT (SIGHUP re-reads the partitions file); 0 on a clean stop.
+
+    ``on_service`` sees the service once it is built, before it runs (the progress display watches its
+    manager)."""
     configure_logging(settings.log.level, settings.log.format)
     service = Service(settings)
+    if on_service is not None:
+        on_service(service)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from exporters.http.admin import admin
 from exporters.http.common import (
     CONFIG,
     MANAGER,
@@ -23,6 +24,7 @@ from exporters.http.common import (
 from exporters.http.congestion import analysis
 from exporters.http.health import health, validation
 from exporters.http.openapi import API_PREFIX, build_openapi
+from exporters.http.page import page
 from exporters.http.partitions import RELOADER, PartitionReloader, partitions
 from exporters.http.routes import routing
 from exporters.http.state import RUNTIME, Runtime
@@ -49,7 +51,7 @@ async def get_index(request: web.Request) -> web.Response:
 
 # -- the app -------------------------------------------------------------------------------------------------
 
-ROUTE_TABLES = (meta, health, topology, routing, partitions, validation, analysis, control)
+ROUTE_TABLES = (meta, health, topology, routing, partitions, validation, analysis, control, page, admin)
 
 
 def create_app(

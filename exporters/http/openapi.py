@@ -517,6 +517,149 @@ class PartitionsFileError(ErrorBody):
     message: str = Field(description="What is wrong there.")
 
 
+class ViewTier(_M):
+    """One row of the drawing: the switches of one rank above the leaves."""
+
+    rank: int = Field(description="0 for the leaves (switches with a host), 1 above them, ...; -1: no up path "
+                      "joins the switch to a leaf.")
+    name: str = Field(description="`leaves`, `spines`, `cores` (the top rank of three or more), `tier N`, "
+                      "`unranked`.")
+    switches: int = Field(description="Switches of this rank.")
+    drawn: int = Field(description="Those in `switches` (the cap `max_switches` shared among tiers by size).")
+    hosts: int = Field(description="CAs cabled (link up) to the switches of this rank.")
+    hosts_drawn: int = Field(description="Those cabled to drawn switches.")
+
+
+class ViewSwitch(_M):
+    name: str
+    guid: str = Field(description="Node GUID, 0x-prefixed hex.")
+    rank: int
+    tier: int = Field(description="Index in `tiers`.")
+    hosts: int = Field(description="CAs cabled to it with the link up.")
+    hosts_down: int = Field(description="Its down cables to CAs (or to switches not drawn) listed in `down_links`.")
+    ports_down: int = Field(description="Its ports in PortState Down (an empty port counts too).")
+
+
+class ViewLink(_M):
+    """The cables between two drawn switches, merged."""
+
+    a: int = Field(description="Index in `switches` (the lower).")
+    b: int = Field(description="Index in `switches`.")
+    cables: int
+    down: int = Field(description="Cables down (from the events, the expected topology or the snapshot).")
+    inactive: int = Field(description="Cables LinkUp whose ports are not both ACTIVE.")
+    state: Literal["active", "degraded", "down"] = Field(
+        description="`down`: every cable down; `degraded`: some down or not ACTIVE."
+    )
+    utilization: float | None = Field(
+        description="Transmit utilization 0..1 of the busiest direction of its busiest cable; null: unknown."
+    )
+
+
+class ViewUtilization(_M):
+    source: Literal["measured", "predicted", "none"] = Field(
+        description="`measured`: PortXmitData rate over the link's data rate, from the PerfManager's last two "
+        "reads of this snapshot's counters; `predicted`: the congestion model for `pattern` on the current routes; "
+        "`none`: neither (no counters, and a pattern this fabric cannot serve)."
+    )
+    pattern: str | None = Field(description="The traffic pattern predicted; null when measured.")
+    perf_sweep: int | None = Field(description="PerfManager sweeps so far; null when predicted.")
+    time: float | None = Field(description="Unix time of the PerfManager's last sweep; null when predicted.")
+    max: float | None = Field(description="Highest utilization among the links drawn.")
+
+
+class ViewCounts(_M):
+    switches: int
+    hosts: int = Field(description="CAs.")
+    links_up: int = Field(description="Cables LinkUp (all, not only those drawn).")
+    links_down: int = Field(description="Cables known to be down (`down_total`).")
+
+
+class DownLink(_M):
+    a: PortEnd
+    b: PortEnd | None = Field(description="Null when only one end is known.")
+    source: Literal["event", "expected", "snapshot"] = Field(
+        description="`event`: a link_down event with no link_up since; `expected`: a cable of "
+        "`fabric.expected_topology` the fabric lacks; `snapshot`: a cabled port that is not LinkUp."
+    )
+    since: float | None = Field(description="Unix time of the link_down event; null for the other sources.")
+
+
+class FabricView(_M):
+    """What the fabric page draws: switches by tier, the cables between them, utilization, down cables."""
+
+    sweep: int = Field(description="The heavy sweep of the snapshot drawn.")
+    time: float = Field(description="Unix time of that sweep.")
+    layout: str = Field(description="Changes when the switches or pairs drawn change (the page redraws then).")
+    shape: str = Field(description="The fabric's shape in one line (fat-tree levels, torus, ...).")
+    counts: ViewCounts
+    utilization: ViewUtilization
+    tiers: list[ViewTier] = Field(description="Leaves first, `unranked` last.")
+    switches: list[ViewSwitch] = Field(description="Switches drawn, tier by tier, in name order.")
+    links: list[ViewLink] = Field(description="Pairs of drawn switches with a cable between them.")
+    links_not_drawn: int = Field(description="Inter-switch cables with an end not drawn, or past the pair cap.")
+    down_total: int = Field(description="Cables known to be down.")
+    down_links: list[DownLink] = Field(description="At most 200 of them.")
+
+
+class LinkCapability(LinkInfo):
+    supported_width: str | None = Field(description="The widest width both ends support (PortInfo.LinkWidthSupported).")
+    supported_speed: str | None = Field(description="The fastest speed both ends support.")
+    supported_gbps: float = Field(description="Data rate at the supported width and speed, Gb/s.")
+    degraded: bool = Field(description="Up, and below the width or speed both ends support.")
+    why: str | None = Field(description="What is below capability, e.g. `width 1x of 4x`; null when not degraded.")
+
+
+class LinkCapabilityPage(_M):
+    total: int = Field(description="Links matching the filters (before paging).")
+    degraded: int = Field(description="Degraded links in the whole fabric.")
+    offset: int
+    limit: int
+    items: list[LinkCapability]
+
+
+class PortErrors(PortEnd):
+    peer: PortEnd | None = Field(description="The port at the other end of the cable.")
+    moving: bool = Field(description="Some error counter rose over the rates' interval.")
+    counters: dict[str, int] = Field(description="Nonzero error counter totals since the PerfManager started.")
+    rates: dict[str, float | None] = Field(
+        description="Per second over the counter sweeps of about the last minute seen by the API, for the same "
+        "counters; null until two were seen."
+    )
+
+
+class ErrorPage(_M):
+    counting: bool = Field(description="A performance manager reads the counters of the current fabric.")
+    note: str | None
+    sweeps: int = Field(description="Counter sweeps done.")
+    last_sweep_time: float | None
+    interval_s: float | None = Field(description="Seconds between the counter sweeps the rates span.")
+    total: int = Field(description="Ports with a nonzero error counter (matching the filter).")
+    offset: int
+    limit: int
+    items: list[PortErrors] = Field(description="Moving ports first, then by fastest rate, then by largest total.")
+
+
+class HotPort(_M):
+    src: PortEnd = Field(description="The transmitting port.")
+    dst: PortEnd = Field(description="The port at the other end.")
+    rate_gbps: float = Field(description="Data rate of the link, Gb/s.")
+    measured_gbps: float | None = Field(description="Transmitted over the last counter interval, Gb/s.")
+    measured_utilization: float | None = Field(description="measured_gbps over rate_gbps.")
+    measured_xmit_wait_per_s: float | None = Field(description="XmitWait ticks per second measured.")
+    predicted_utilization: float | None = Field(description="What the congestion model predicts, 0..1.")
+    predicted_xmit_wait_per_s: float | None = Field(description="XmitWait ticks per second predicted.")
+
+
+class HotPage(_M):
+    by: Literal["measured", "predicted"]
+    measured: bool = Field(description="Measured rates are there (a PerfManager swept this fabric twice).")
+    measured_at: float | None = Field(description="When the last counter sweep started (Unix time).")
+    pattern: str | None = Field(description="The predicted traffic pattern (asked for, or the daemon's own).")
+    predicted: bool
+    items: list[HotPort]
+
+
 MODELS: tuple[type[BaseModel], ...] = (
     ErrorBody,
     NodePage,
@@ -537,6 +680,10 @@ MODELS: tuple[type[BaseModel], ...] = (
     PartitionDetail,
     PartitionsReloaded,
     PartitionsFileError,
+    FabricView,
+    LinkCapabilityPage,
+    ErrorPage,
+    HotPage,
 )
 
 
@@ -667,6 +814,53 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
                     _OFFSET,
                 ],
                 "responses": {"200": _json("LinkPage", "A page of links"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/linkinfo": {
+            "get": {
+                "tags": read,
+                "operationId": "listLinkInfo",
+                "summary": "Cables with width, speed and state, and what both ends support (iblinkinfo)",
+                "parameters": [
+                    _param("node", "query", NODE_ID_SCHEMA, "Only links of this node (name, GUID or LID).",
+                           example="spine-00"),
+                    _param("degraded", "query", {"type": "string", "enum": ["true", "false"]},
+                           "`true`: only links below both ends' width or speed; `false`: only the others."),
+                    _LIMIT,
+                    _OFFSET,
+                ],
+                "responses": {"200": _json("LinkCapabilityPage", "A page of links"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/errors": {
+            "get": {
+                "tags": ["diagnostics"],
+                "operationId": "listErrors",
+                "summary": "Ports whose PMA error counters moved, with totals and rates (ibqueryerrors)",
+                "parameters": [
+                    _param("node", "query", NODE_ID_SCHEMA, "Only this node's ports (name, GUID or LID).",
+                           example="leaf-00"),
+                    _LIMIT,
+                    _OFFSET,
+                ],
+                "responses": {"200": _json("ErrorPage", "A page of ports"), **_errors(400, 404, 503)},
+            }
+        },
+        f"{API_PREFIX}/hot": {
+            "get": {
+                "tags": ["analysis"],
+                "operationId": "listHot",
+                "summary": "Busiest transmitting ports: measured utilization and predicted for a pattern",
+                "parameters": [
+                    _param("top", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10},
+                           "Ports listed."),
+                    _param("by", "query", {"type": "string", "enum": ["measured", "predicted"],
+                                           "default": "measured"}, "Order by (case-insensitive)."),
+                    _param("pattern", "query", PATTERN_SCHEMA,
+                           "Traffic pattern to predict, as for /congestion; default: the daemon's "
+                           "`congestion.pattern`, if it tells the API."),
+                ],
+                "responses": {"200": _json("HotPage", "The busiest ports"), **_errors(400, 409, 503)},
             }
         },
         f"{API_PREFIX}/routes": {
@@ -815,6 +1009,22 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
             }
         },
     }
+    paths[f"{API_PREFIX}/view/fabric"] = {
+        "get": {
+            "tags": ["view"],
+            "operationId": "getFabricView",
+            "summary": "What the fabric page (GET /) draws: switches by tier, hosts per leaf, links with their "
+            "utilization, down cables",
+            "parameters": [
+                _param("max_switches", "query", {"type": "integer", "minimum": 1, "maximum": 5000, "default": 320},
+                       "Most switches drawn, shared among the tiers by size (ends of down cables always are)."),
+                _param("pattern", "query", {**PATTERN_SCHEMA, "default": "shift:1"},
+                       "Traffic pattern whose predicted load colours the links when no counters are measured "
+                       "(as in /congestion)."),
+            ],
+            "responses": {"200": _json("FabricView", "The drawing"), **_errors(400, 409, 503)},
+        }
+    }
     if metrics:
         paths["/metrics"] = {
             "get": {
@@ -871,5 +1081,9 @@ MODEL_FOR: dict[tuple[str, str], type[BaseModel]] = {
     ("get", "/partitions"): PartitionList,
     ("get", "/partitions/{pkey}"): PartitionDetail,
     ("post", "/partitions/reload"): PartitionsReloaded,
+    ("get", "/view/fabric"): FabricView,
+    ("get", "/linkinfo"): LinkCapabilityPage,
+    ("get", "/errors"): ErrorPage,
+    ("get", "/hot"): HotPage,
 }
 """Response model of each operation's success answer (paths without the prefix), for tests and tools."""

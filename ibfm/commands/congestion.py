@@ -140,13 +140,14 @@ def _table(title: str, rows: list[Any]) -> str:
 
 def cmd_ebb(args: argparse.Namespace) -> int:
     from sm.analysis.flowmodel import effective_bisection_bandwidth
-    from sm.routing.base import make_engine
+    from sm.routing.base import Routes, make_engine
 
     fabric, lids = _load(args.topology)
     results: list[dict[str, Any]] = []
     for name in args.engine:
         try:
-            engine, lft = name, make_engine(name).compute(fabric, lids)
+            out = make_engine(name).compute(fabric, lids)
+            engine, lft = name, out.lft if isinstance(out, Routes) else out
         except RoutingError as e:
             results.append({"engine": name, "refused": str(e)})
             continue
