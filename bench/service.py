@@ -1,22 +1,35 @@
 #!/usr/bin/env python3
-"""The daemon under load: /metrics and route queries over loopback HTTP on the emulated fat-tree.
+"""The daemon under load: a real Prometheus scraping /metrics, memory, and route queries on the emulated fat-tree.
 
 Runs the real :class:`ibfm.service.Service` (emulated 3-level fat-tree of
 ``--radix``-port switches; k=36: 11,664 hosts, 1,620 switches, ~70,000
-ports) in this process, waits for the first heavy sweep and the congestion
-prediction, runs two counter sweeps, then measures over HTTP on loopback:
+ports) in this process, counter sweeps every ``--perf-interval`` s, and
+samples the resident memory of this process and of its children (the
+forked routing child) every 0.1 s: RSS of each (a child's RSS counts the
+pages it shares with the parent) and PSS (shared pages split between them).
 
-- ``GET /metrics``: cold (rendered), cached, and after a counter sweep: time and size;
-- ``GET /api/v1/routes``: random host pairs from a client in a separate process
-  (aiohttp), open loop at ``--rate`` requests/s for ``--seconds`` s (latency from
-  each request's scheduled send time, so a stall counts), then closed loop at
-  ``--concurrency`` for the highest rate; goal p99 < 10 ms at 1,000 req/s;
-- one request each to the heavier endpoints (validation, congestion, what-if).
+1. Bring-up: the first heavy sweep and the congestion prediction; peak memory.
+2. Where the memory goes: the numpy arrays reachable from the service, by
+   owner (arrays of 1 MB or more named), against the RSS.
+3. ``GET /metrics`` as Prometheus asks it (OpenMetrics, gzip): time and size of
+   the body, gzipped and as text, for the whole fabric, each of ``--shards``
+   shards and each ``collect[]`` group.
+4. A real Prometheus (Debian's ``prometheus``; a temporary config and TSDB,
+   its own port) scraping the whole fabric every ``--scrape-interval`` s for
+   ``--scrape-seconds`` s, then (a fresh Prometheus) ``--shards`` jobs, one
+   per shard: ``scrape_duration_seconds`` and ``scrape_samples_scraped`` of
+   every scrape (goal: < 2 s for the whole fabric; gzipped body < 10 MB; peak
+   RSS with the routing child < 1 GB).
+5. With ``--routes``: ``GET /api/v1/routes`` from a client in a separate process
+   (aiohttp), open loop at ``--rate`` requests/s for ``--seconds`` s (latency
+   from each request's scheduled send time, so a stall counts), then closed loop
+   at ``--concurrency``; goal p99 < 10 ms at 1,000 req/s; and one request each to
+   the heavier endpoints (validation, congestion, what-if).
 
 Bounded in count and time; prints figures, asserts nothing. bench/metrics_render.py
 (the exporter's own bench) breaks the render time down further.
 
-    .venv/bin/python bench/service.py [--radix 36] [--rate 1000] [--seconds 10]
+    .venv/bin/python bench/service.py [--radix 36] [--shards 4] [--routes]
 """
 
 from __future__ import annotations
@@ -25,11 +38,17 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import random
 import resource
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +57,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiohttp
 
 GOAL_P99_MS = 10.0
+NL = b"\n"
+GOAL_SCRAPE_S = 2.0
+GOAL_GZIP_MB = 10.0
+GOAL_RSS_MIB = 1024.0
+OPENMETRICS_ACCEPT = (  # what Prometheus 2.x sends
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
 # -- the load generator (runs in a child process) --------------------------------------------------------------
@@ -144,25 +171,295 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# -- memory ------------------------------------------------------------------------------------------------------
+
+
+def _proc_kib(pid: int, field: str, file: str = "status") -> int:
+    try:
+        with open(f"/proc/{pid}/{file}") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    """The forked children of ``pid`` (the routing child): same program, not the bench's own helpers."""
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out += [int(x) for x in fh.read().split()]
+    except OSError:
+        pass
+    me = os.readlink(f"/proc/{pid}/exe")
+    kids = []
+    for k in out:
+        try:
+            if os.readlink(f"/proc/{k}/exe") == me and b"--client" not in Path(f"/proc/{k}/cmdline").read_bytes():
+                kids.append(k)
+        except OSError:
+            pass
+    return kids
+
+
+class MemorySampler(threading.Thread):
+    """RSS and PSS of this process and its children every 0.1 s; peaks per stage."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stage = "start"
+        self.peaks: dict[str, dict[str, float]] = {}
+        self._halt = threading.Event()
+
+    def mark(self, stage: str) -> None:
+        self.stage = stage
+
+    def run(self) -> None:
+        me = os.getpid()
+        while not self._halt.wait(0.1):
+            kids = _children(me)
+            rss = _proc_kib(me, "VmRSS") / 1024
+            krss = sum(_proc_kib(k, "VmRSS") for k in kids) / 1024
+            pss = (_proc_kib(me, "Pss", "smaps_rollup") + sum(_proc_kib(k, "Pss", "smaps_rollup") for k in kids)) / 1024
+            p = self.peaks.setdefault(self.stage, {"rss": 0.0, "child_rss": 0.0, "sum_rss": 0.0, "sum_pss": 0.0})
+            p["rss"] = max(p["rss"], rss)
+            p["child_rss"] = max(p["child_rss"], krss)
+            p["sum_rss"] = max(p["sum_rss"], rss + krss)
+            p["sum_pss"] = max(p["sum_pss"], pss)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(2)
+
+    def report(self) -> None:
+        print("peak memory by stage (MiB): daemon RSS, routing child RSS, their sum, their PSS sum "
+              "(shared pages counted once):")
+        for stage, p in self.peaks.items():
+            print(f"  {stage:<34} {p['rss']:7.0f} {p['child_rss']:7.0f} {p['sum_rss']:7.0f} {p['sum_pss']:7.0f}")
+        top = max((p["sum_pss"] for p in self.peaks.values()), default=0.0)
+        mark = "ok" if top < GOAL_RSS_MIB else "ABOVE GOAL"
+        print(f"  peak with the routing child: {top:.0f} MiB PSS, "
+              f"{max((p['sum_rss'] for p in self.peaks.values()), default=0.0):.0f} MiB RSS summed "
+              f"[{mark}: < {GOAL_RSS_MIB:.0f} MiB]")
+
+
+def array_owners(root: object, name: str, seen: set[int], bases: set[int], max_depth: int = 7) -> dict[str, int]:
+    """Bytes of the numpy arrays reachable from ``root`` through attributes, dicts, lists and tuples, by the
+    first path that reaches each buffer (views counted once, at their base; buffers in ``bases`` already
+    counted under an earlier root)."""
+    import numpy as np
+
+    out: dict[str, int] = {}
+    stack: list[tuple[object, str, int]] = [(root, name, 0)]
+    while stack:
+        obj, path, depth = stack.pop()
+        if id(obj) in seen or depth > max_depth:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if id(base) not in bases and base.dtype != object:
+                bases.add(id(base))
+                out[path] = out.get(path, 0) + base.nbytes
+            continue
+        if isinstance(obj, (str, bytes, int, float, bool, type(None), type)):
+            continue
+        if isinstance(obj, dict):
+            for k, v in list(obj.items())[:10_000]:
+                stack.append((v, f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[..]", depth + 1))
+            continue
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            items = list(obj)
+            if len(items) > 64:  # big homogeneous containers: one entry for all of them
+                for v in items[:20_000]:
+                    stack.append((v, f"{path}[*]", depth + 1))
+            else:
+                for k, v in enumerate(items):
+                    stack.append((v, f"{path}[{k}]", depth + 1))
+            continue
+        d = getattr(obj, "__dict__", None)
+        attrs = dict(d) if isinstance(d, dict) else {}
+        for slot in getattr(type(obj), "__slots__", ()):
+            if hasattr(obj, slot):
+                attrs[slot] = getattr(obj, slot)
+        for k, v in attrs.items():
+            stack.append((v, f"{path}.{k}", depth + 1))
+    return out
+
+
+def memory_breakdown(svc: Any, sampler: MemorySampler) -> None:
+    import gc
+
+    roots = {"emulator": svc.emulator, "manager": svc.manager, "perfmgr": svc.perfmgr,
+             "renderer": getattr(svc, "renderer", None), "prediction": svc.prediction, "traffic": svc.traffic,
+             "sa": svc.sa, "app": svc.app, "transport": svc.transport}
+    found: dict[str, int] = {}
+    seen_paths: dict[str, int] = {}
+    seen: set[int] = set()
+    bases: set[int] = set()
+    for name, obj in roots.items():  # a buffer counts once, under the first root that reaches it
+        seen_paths.update(array_owners(obj, name, seen, bases))
+    for path, n in seen_paths.items():
+        top = path.split(".")[0].split("[")[0]
+        found[top] = found.get(top, 0) + n
+    total = sum(seen_paths.values())
+    rss = _proc_kib(os.getpid(), "VmRSS") / 1024
+    print(f"where the memory goes: RSS {rss:.0f} MiB; numpy arrays reachable from the service {total / 2**20:.0f} MiB "
+          f"(each buffer once, under the first owner: {', '.join(roots)}); {len(gc.get_objects()):,} GC-tracked "
+          "Python objects")
+    for top, n in sorted(found.items(), key=lambda x: -x[1]):
+        print(f"  {top:<12} {n / 2**20:8.1f} MiB")
+    import re
+
+    groups: dict[str, list[int]] = {}
+    for path, n in seen_paths.items():  # totals['xmit_data_bytes'] and its siblings: one line
+        g = groups.setdefault(re.sub(r"\[[^\]]*\]", "[*]", path), [0, 0])
+        g[0] += n
+        g[1] += 1
+    print("  by owner, 2 MiB or more (several arrays of a dict or list summed):")
+    for path, (n, k) in sorted(groups.items(), key=lambda x: -x[1][0]):
+        if n >= 2 << 20:
+            print(f"    {n / 2**20:8.1f} MiB  {path}" + (f" ({k} arrays)" if k > 1 else ""))
+
+
+# -- a real Prometheus ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape_config(target: str, shards: int, interval: float, timeout: float) -> str:
+    """One job for the whole fabric (shards == 0), or one job per shard (``params: shard: [i/n]``)."""
+    head = f"global:\n  scrape_interval: {interval:g}s\n  scrape_timeout: {timeout:g}s\nscrape_configs:\n"
+    if shards == 0:
+        return head + f"  - job_name: ibfm\n    static_configs:\n      - targets: ['{target}']\n"
+    jobs = [
+        f"  - job_name: ibfm-shard-{i}\n    params:\n      shard: ['{i}/{shards}']\n"
+        f"    static_configs:\n      - targets: ['{target}']\n"
+        for i in range(shards)
+    ]
+    return head + "".join(jobs)
+
+
+async def prometheus_phase(binary: str, target: str, shards: int, args: argparse.Namespace) -> None:
+    """Run a fresh Prometheus for ``args.scrape_seconds`` and print what its scrapes took."""
+    work = Path(tempfile.mkdtemp(prefix="ibfm-bench-prom-"))
+    port = _free_port()
+    (work / "prometheus.yml").write_text(scrape_config(target, shards, args.scrape_interval, args.scrape_timeout))
+    log = (work / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+    what = "whole fabric" if shards == 0 else f"{shards} shard jobs"
+    try:
+        t0 = time.perf_counter()
+        first: dict[str, float] = {}
+        async with aiohttp.ClientSession() as s:
+            while time.perf_counter() - t0 < args.scrape_seconds:
+                await asyncio.sleep(1.0)
+                try:
+                    async with s.get(f"http://127.0.0.1:{port}/api/v1/targets") as r:
+                        targets = (await r.json())["data"]["activeTargets"]
+                except (aiohttp.ClientError, KeyError, ValueError):
+                    continue
+                for t in targets:
+                    if t["health"] != "unknown":
+                        first.setdefault(t["labels"]["job"], time.perf_counter() - t0)
+        print("  first scrape done (Prometheus creates every series: slow) at "
+              + ", ".join(f"{j} {v:.0f} s" for j, v in sorted(first.items())) + " after Prometheus started"
+              if first else "  no scrape completed")
+        q = urllib.parse.urlencode({"query": f"{{__name__=~'scrape_duration_seconds|scrape_samples_scraped|up'}}"
+                                             f"[{int(args.scrape_seconds) + 30}s]"})
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/api/v1/query?{q}") as r:
+            res = await r.json()
+        by: dict[tuple[str, str], list[float]] = {}
+        for series in res["data"]["result"]:
+            m = series["metric"]
+            by[(m["job"], m["__name__"])] = [float(v) for _, v in series["values"]]
+        print(f"Prometheus {what}, every {args.scrape_interval:g} s for {args.scrape_seconds:g} s:")
+        worst = 0.0
+        for job in sorted({j for j, _ in by}):
+            d = by.get((job, "scrape_duration_seconds"), [])
+            n = by.get((job, "scrape_samples_scraped"), [])
+            up = by.get((job, "up"), [])
+            later = d[1:] or d  # the first scrape creates every series in the TSDB
+            worst = max(worst, max(later, default=0.0))
+            print(f"  {job:<14} scrapes {len(d)}, up {sum(up):.0f}/{len(up)}, samples {max(n, default=0):,.0f}; "
+                  f"scrape_duration_seconds first {d[0] if d else float('nan'):.2f}, then "
+                  + ", ".join(f"{x:.2f}" for x in later[:12]))
+        if shards == 0:
+            mark = "ok" if worst < GOAL_SCRAPE_S else "ABOVE GOAL"
+            print(f"  slowest scrape after the first: {worst:.2f} s [{mark}: < {GOAL_SCRAPE_S:g} s]")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def measure_bodies(base: str, shards: int) -> None:
+    """GET /metrics as Prometheus asks (OpenMetrics, gzip): time and size per selection."""
+    from exporters import metrics as M
+
+    headers = {"Accept": OPENMETRICS_ACCEPT, "Accept-Encoding": "gzip"}
+    sels = [("whole fabric", ""), ("whole fabric, again", "")]
+    sels += [(f"shard={i}/{shards}", f"shard={i}/{shards}") for i in range(shards)]
+    sels += [(f"collect[]={g}", f"collect[]={g}") for g in getattr(M, "GROUPS", {})]
+    async with aiohttp.ClientSession(auto_decompress=False) as s:
+        t = time.perf_counter()
+        size = lines = 0
+        async with s.get(base + "/metrics", headers={"Accept-Encoding": "identity"}) as r:
+            async for chunk in r.content.iter_chunked(1 << 20):  # not kept: this process is the daemon too
+                size += len(chunk)
+                lines += chunk.count(NL)
+        print(f"GET /metrics text 0.0.4, no gzip (first request: renders): {time.perf_counter() - t:.3f} s, "
+              f"{size / 1e6:.1f} MB, {lines:,} lines")
+        for what, query in sels:
+            url = base + "/metrics" + (f"?{query}" if query else "")
+            st, body, dt = await _http(s, "GET", url, headers=headers)
+            mark = ""
+            if what == "whole fabric":
+                mark = f" [{'ok' if len(body) / 1e6 < GOAL_GZIP_MB else 'ABOVE GOAL'}: < {GOAL_GZIP_MB:g} MB]"
+            print(f"GET /metrics {what:<28} {dt:7.3f} s  {len(body) / 1e6:6.2f} MB gzipped  status {st}{mark}")
+
+
 async def server_main(args: argparse.Namespace) -> None:
     from ibfm.service import Service, configure_logging
     from ibfm.settings import load_settings
 
+    sampler = MemorySampler()
+    sampler.start()
     configure_logging("WARNING")
     settings = load_settings(None, {
         "listen": "127.0.0.1:0",
         "fabric.fattree_levels": args.levels,
         "fabric.fattree_radix": args.radix,
         "sm.sweep_interval": 3600,
-        "perfmgr.interval": 3600,
+        "perfmgr.interval": args.perf_interval,
         "api.token": "bench-token-123",
     })
+    sampler.mark("service built")
     t0 = time.perf_counter()
     svc = Service(settings)
     f = svc.emulator.fabric if svc.emulator is not None else None
     assert f is not None
     print(f"fat-tree levels={args.levels} k={args.radix}: {f.summary()}; service built in "
           f"{time.perf_counter() - t0:.1f} s")
+    sampler.mark("first heavy sweep")
     stop = asyncio.Event()
     started = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(svc.run(stop, started=lambda a: started.set_result(a)))
@@ -176,33 +473,55 @@ async def server_main(args: argparse.Namespace) -> None:
     snap = svc.manager.snapshot
     print(f"first heavy sweep: {time.perf_counter() - t0:.1f} s (engine {snap.engine}, up={snap.up}); phases "
           + ", ".join(f"{k} {v:.1f}s" for k, v in snap.phases.items()))
+    sampler.mark("prediction, counter sweeps")
     t0 = time.perf_counter()
     while svc._predict_task is None or not svc._predict_task.done():
         await asyncio.sleep(0.1)
     print(f"congestion prediction ({settings.fabric.traffic}): {time.perf_counter() - t0:.1f} s after the sweep")
     pm = svc.perfmgr
-    for _ in range(2):
-        svc._advance_emulator()
-        t = time.perf_counter()
-        rep = await pm.sweep()
-        print(f"counter sweep {rep.sweep}: {time.perf_counter() - t:.2f} s, {rep.ports_read:,} of {rep.ports:,} ports")
-        await asyncio.sleep(1.0)
+    while pm.sweeps < 2:
+        await asyncio.sleep(0.2)
+    print(f"counter sweeps every {args.perf_interval:g} s: {pm.last_report.ports_read:,} ports read in "
+          f"{pm.last_report.duration:.2f} s")
+    memory_breakdown(svc, sampler)
+    print(f"RSS before any /metrics request: {_proc_kib(os.getpid(), 'VmRSS') / 1024:.0f} MiB")
 
+    sampler.mark("/metrics requests")
+    await measure_bodies(base, args.shards)
+    r = getattr(svc, "renderer", None)
+    if r is not None:
+        print(f"  renderer, last render: {r.stats.seconds:.3f} s, {r.stats.families} families, "
+              f"{r.stats.families_rendered} rendered")
+        kept = r.kept_bytes() if hasattr(r, "kept_bytes") else {}
+        print("  what the renderer keeps: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in kept.items()))
+    print(f"RSS after the /metrics requests: {_proc_kib(os.getpid(), 'VmRSS') / 1024:.0f} MiB")
+
+    binary = shutil.which("prometheus") if args.prometheus else None
+    if not args.prometheus:
+        pass
+    elif binary is None:
+        print("no prometheus binary (Debian: apt install prometheus): scrapes by a real Prometheus skipped")
+    else:
+        sampler.mark("Prometheus: whole fabric")
+        await prometheus_phase(binary, f"{host}:{port}", 0, args)
+        if args.shards > 1:
+            sampler.mark(f"Prometheus: {args.shards} shard jobs")
+            await prometheus_phase(binary, f"{host}:{port}", args.shards, args)
+
+    if args.routes:
+        sampler.mark("route queries")
+        await route_bench(svc, snap, base, port, args)
+    stop.set()
+    await task
+    sampler.stop()
+    sampler.report()
+    print(f"process peak RSS (getrusage): {_rss_mib():.0f} MiB; largest child: "
+          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
+
+
+async def route_bench(svc: Any, snap: Any, base: str, port: int, args: argparse.Namespace) -> None:
+    """Route queries from a client process, then the heavier endpoints once each."""
     async with aiohttp.ClientSession() as s:
-        for what in ("cold", "cached"):
-            st, body, dt = await _http(s, "GET", base + "/metrics")
-            print(f"GET /metrics {what:<22} {dt:7.3f} s  {len(body) / 1e6:6.1f} MB  status {st}")
-        svc._advance_emulator()
-        await pm.sweep()
-        st, body, dt = await _http(s, "GET", base + "/metrics")
-        print(f"GET /metrics {'after a counter sweep':<22} {dt:7.3f} s  {len(body) / 1e6:6.1f} MB  status {st}")
-        r = getattr(svc, "renderer", None)
-        if r is not None:
-            print(f"  renderer: {r.stats.seconds:.3f} s, {r.stats.families} families, "
-                  f"{r.stats.families_rendered} re-rendered")
-
-        import os
-
         print(f"load average before the route runs: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
               "(other work on the machine shows in the latencies)")
         names = [snap.fabric.names[i] for i in snap.fabric.cas.tolist()]
@@ -257,15 +576,19 @@ async def server_main(args: argparse.Namespace) -> None:
         ):
             st, body, dt = await _http(s, method, base + path, **kw)
             print(f"{method:<4} {path:<55} {dt:8.3f} s  {len(body) / 1e3:9.1f} kB  status {st}")
-    stop.set()
-    await task
-    print(f"process peak RSS: {_rss_mib():.0f} MiB")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", type=int, choices=(2, 3), default=3)
     ap.add_argument("--radix", type=int, default=36)
+    ap.add_argument("--shards", type=int, default=4, help="shards measured and scraped by shard jobs")
+    ap.add_argument("--perf-interval", type=float, default=10.0, help="seconds between counter sweeps")
+    ap.add_argument("--scrape-interval", type=float, default=15.0, help="Prometheus scrape interval")
+    ap.add_argument("--scrape-timeout", type=float, default=14.0, help="Prometheus scrape timeout")
+    ap.add_argument("--scrape-seconds", type=float, default=240.0, help="how long each Prometheus phase runs")
+    ap.add_argument("--no-prometheus", dest="prometheus", action="store_false", help="skip the Prometheus phases")
+    ap.add_argument("--routes", action="store_true", help="also run the route-query load and heavy endpoints")
     ap.add_argument("--rate", type=float, default=1000.0, help="open-loop route queries per second")
     ap.add_argument("--seconds", type=float, default=10.0, help="open-loop duration")
     ap.add_argument("--concurrency", type=int, default=16, help="closed-loop workers")

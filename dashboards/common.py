@@ -3,6 +3,10 @@
 Every query is built from a :class:`exporters.metrics.MetricDef`, never from a
 typed-in name, so a renamed metric breaks the dashboards' build and tests
 rather than a panel in production.
+
+Per-port series carry only ``guid`` and ``port``; names, the far end and
+the link's role come from ``ibfm_port_info`` by a join (:func:`picked`,
+:func:`named`): ``expr * on(guid, port) group_left(name, ...) ibfm_port_info``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 
+from exporters import metrics as M
 from exporters.metrics import MetricDef, MetricType
 
 DATASOURCE_UID = "ibfm-prometheus"
@@ -39,7 +44,11 @@ RATE = "$__rate_interval"
 SWITCH_SELECTOR = 'type="switch"'
 PICKED_SWITCHES = 'name=~"$switch"'
 PORT_SELECTOR = 'name=~"$switch",port=~"$port"'
-"""The ports picked in the ``switch`` and ``port`` variables."""
+"""The ports picked in the ``switch`` and ``port`` variables: a selector of ``ibfm_port_info``."""
+PORT_JOIN = "guid, port"
+"""The labels a per-port series and its ``ibfm_port_info`` share."""
+INFO_LABELS = "name, remote_name, remote_port, role"
+"""The labels a join copies from ``ibfm_port_info`` (legends and tables use them)."""
 
 _REFRESH_ON_TIME_RANGE = 2
 _SORT_ALPHA = 1
@@ -65,6 +74,17 @@ def increase(m: MetricDef, selector: str = "", window: str = "$__range") -> str:
     if m.type != MetricType.COUNTER:
         raise ValueError(f"increase() of {m.type} {m.name}")
     return f"increase({series(m, selector)}[{window}])"
+
+
+def named(expr: str, info_selector: str = "") -> str:
+    """A per-port expression with the names of its ports: joined onto ``ibfm_port_info`` (value 1, so the
+    values stay), keeping the ports ``info_selector`` picks."""
+    return f"({expr}) * on({PORT_JOIN}) group_left({INFO_LABELS}) {series(M.PORT_INFO, info_selector)}"
+
+
+def picked(expr: str) -> str:
+    """A per-port expression on the ports picked in the ``switch`` and ``port`` variables, with their names."""
+    return named(expr, PORT_SELECTOR)
 
 
 def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> Target:
@@ -180,8 +200,8 @@ def switch_variable(switches_from: MetricDef) -> Template:
     ))
 
 
-def port_variable(ports_from: MetricDef) -> Template:
-    """Port numbers of the picked switches, from a per-port metric."""
+def port_variable(ports_from: MetricDef = M.PORT_INFO) -> Template:
+    """Port numbers of the picked switches, from ``ibfm_port_info`` (the per-port series that has names)."""
     return _all_by_default(Template(
         name="port",
         label="Port",

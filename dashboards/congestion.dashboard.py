@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dashboards.common import (
-    PORT_SELECTOR,
     dashboard,
+    named,
+    picked,
     port_variable,
     rate,
     rows,
@@ -17,13 +18,12 @@ from dashboards.common import (
 )
 from exporters import metrics as M
 
-S = PORT_SELECTOR
 LINK = "{{name}} [{{port}}] -> {{remote_name}} [{{remote_port}}]"
 
 
-def utilization(selector: str = "") -> str:
+def utilization() -> str:
     """Measured transmit utilization: bytes per second over the link's data rate (links that are up)."""
-    return f"{rate(M.PORT_XMIT_DATA, selector)} / ({series(M.PORT_RATE_BYTES, selector)} > 0)"
+    return f"{rate(M.PORT_XMIT_DATA)} / ({series(M.PORT_RATE_BYTES)} > 0)"
 
 
 _picked = [
@@ -31,8 +31,8 @@ _picked = [
         timeseries(
             "XmitWait: measured and predicted",
             [
-                target(rate(M.PORT_XMIT_WAIT, S), f"{LINK} measured"),
-                target(series(M.PORT_PREDICTED_XMIT_WAIT, S), f"{LINK} predicted"),
+                target(picked(rate(M.PORT_XMIT_WAIT)), f"{LINK} measured"),
+                target(picked(series(M.PORT_PREDICTED_XMIT_WAIT)), f"{LINK} predicted"),
             ],
             description="XmitWait ticks per second: the PMA counter's rate beside the congestion model's figure.",
             legend_table=True,
@@ -43,8 +43,8 @@ _picked = [
         timeseries(
             "Utilization: measured and predicted",
             [
-                target(utilization(S), f"{LINK} measured"),
-                target(series(M.PORT_PREDICTED_UTILIZATION, S), f"{LINK} predicted"),
+                target(picked(utilization()), f"{LINK} measured"),
+                target(picked(series(M.PORT_PREDICTED_UTILIZATION)), f"{LINK} predicted"),
             ],
             unit="percentunit",
             legend_table=True,
@@ -54,7 +54,7 @@ _picked = [
     (
         timeseries(
             "Utilization: measured minus predicted",
-            [target(f"{utilization(S)} - {series(M.PORT_PREDICTED_UTILIZATION, S)}", LINK)],
+            [target(picked(f"{utilization()} - {series(M.PORT_PREDICTED_UTILIZATION)}"), LINK)],
             unit="percentunit",
             description="Positive: the link carries more than the model expects from the routes.",
         ),
@@ -102,7 +102,7 @@ _hot = [
     (
         table(
             "Hot links by measured utilization",
-            [target(f"topk(10, {utilization()})", instant=True, table=True)],
+            [target(f"topk(10, {named(utilization())})", instant=True, table=True)],
             unit="percentunit",
         ),
         8,
@@ -110,7 +110,7 @@ _hot = [
     (
         table(
             "Hot links by predicted utilization",
-            [target(f"topk(10, {series(M.PORT_PREDICTED_UTILIZATION)})", instant=True, table=True)],
+            [target(f"topk(10, {named(series(M.PORT_PREDICTED_UTILIZATION))})", instant=True, table=True)],
             unit="percentunit",
         ),
         8,
@@ -118,7 +118,7 @@ _hot = [
     (
         table(
             "Hot links by measured XmitWait",
-            [target(f"topk(10, {rate(M.PORT_XMIT_WAIT)})", instant=True, table=True)],
+            [target(f"topk(10, {named(rate(M.PORT_XMIT_WAIT))})", instant=True, table=True)],
             description="XmitWait ticks per second.",
         ),
         8,
@@ -126,7 +126,7 @@ _hot = [
     (
         timeseries(
             "Hot links over time (measured utilization)",
-            [target(f"topk(5, {utilization()})", LINK)],
+            [target(f"topk(5, {named(utilization())})", LINK)],
             unit="percentunit",
             legend_table=True,
         ),
@@ -139,5 +139,5 @@ dashboard = dashboard(
     "ibfm-congestion",
     "Measured XmitWait and utilization next to the congestion model's prediction for the current routes.",
     rows([("Fabric", 4, _fabric), ("Hot links", 9, _hot), ("Picked ports", 9, _picked)]),
-    [switch_variable(M.DEVICE_UP), port_variable(M.PORT_STATE)],
+    [switch_variable(M.DEVICE_UP), port_variable()],
 )

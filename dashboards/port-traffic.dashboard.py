@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dashboards.common import (
-    PORT_SELECTOR,
+    PORT_JOIN,
     dashboard,
     increase,
+    named,
+    picked,
     port_variable,
     rate,
     rows,
@@ -18,7 +20,6 @@ from dashboards.common import (
 )
 from exporters import metrics as M
 
-S = PORT_SELECTOR
 PORT = "{{name}} [{{port}}]"
 LINK = "{{name}} [{{port}}] -> {{remote_name}} [{{remote_port}}]"
 
@@ -44,16 +45,16 @@ def _short(m: M.MetricDef) -> str:
     return m.name.removeprefix("ibfm_port_").removesuffix("_total").replace("_", " ")
 
 
-_utilization = f"{rate(M.PORT_XMIT_DATA, S)} / ({series(M.PORT_RATE_BYTES, S)} > 0)"
+_utilization = f"{rate(M.PORT_XMIT_DATA)} / ({series(M.PORT_RATE_BYTES)} > 0)"
 _all_errors = " + ".join(rate(m) for m in ERRORS)
 
 _traffic = [
-    (timeseries("Transmit", [target(rate(M.PORT_XMIT_DATA, S), LINK)], unit="Bps", legend_table=True), 12),
-    (timeseries("Receive", [target(rate(M.PORT_RCV_DATA, S), LINK)], unit="Bps", legend_table=True), 12),
+    (timeseries("Transmit", [target(picked(rate(M.PORT_XMIT_DATA)), LINK)], unit="Bps", legend_table=True), 12),
+    (timeseries("Receive", [target(picked(rate(M.PORT_RCV_DATA)), LINK)], unit="Bps", legend_table=True), 12),
     (
         timeseries(
             "Transmit utilization",
-            [target(_utilization, LINK)],
+            [target(picked(_utilization), LINK)],
             unit="percentunit",
             description="Transmitted bytes per second over the link's data rate (ports whose link is up).",
         ),
@@ -62,7 +63,10 @@ _traffic = [
     (
         timeseries(
             "Packets per second",
-            [target(rate(M.PORT_XMIT_PKTS, S), f"{PORT} xmit"), target(rate(M.PORT_RCV_PKTS, S), f"{PORT} rcv")],
+            [
+                target(picked(rate(M.PORT_XMIT_PKTS)), f"{PORT} xmit"),
+                target(picked(rate(M.PORT_RCV_PKTS)), f"{PORT} rcv"),
+            ],
             unit="pps",
         ),
         12,
@@ -70,7 +74,7 @@ _traffic = [
     (
         timeseries(
             "XmitWait ticks per second",
-            [target(rate(M.PORT_XMIT_WAIT, S), LINK)],
+            [target(picked(rate(M.PORT_XMIT_WAIT)), LINK)],
             description="Ticks in which the port had data to send and no credit: congestion downstream.",
         ),
         12,
@@ -79,10 +83,10 @@ _traffic = [
         timeseries(
             "Unicast and multicast packets per second",
             [
-                target(rate(M.PORT_UNICAST_XMIT_PKTS, S), f"{PORT} unicast xmit"),
-                target(rate(M.PORT_UNICAST_RCV_PKTS, S), f"{PORT} unicast rcv"),
-                target(rate(M.PORT_MULTICAST_XMIT_PKTS, S), f"{PORT} multicast xmit"),
-                target(rate(M.PORT_MULTICAST_RCV_PKTS, S), f"{PORT} multicast rcv"),
+                target(picked(rate(M.PORT_UNICAST_XMIT_PKTS)), f"{PORT} unicast xmit"),
+                target(picked(rate(M.PORT_UNICAST_RCV_PKTS)), f"{PORT} unicast rcv"),
+                target(picked(rate(M.PORT_MULTICAST_XMIT_PKTS)), f"{PORT} multicast xmit"),
+                target(picked(rate(M.PORT_MULTICAST_RCV_PKTS)), f"{PORT} multicast rcv"),
             ],
             unit="pps",
         ),
@@ -94,7 +98,7 @@ _errors = [
     (
         timeseries(
             "Error counters per second",
-            [target(rate(m, S), f"{PORT} {_short(m)}") for m in ERRORS],
+            [target(picked(rate(m)), f"{PORT} {_short(m)}") for m in ERRORS],
             unit="ops",
             legend_table=True,
         ),
@@ -103,7 +107,7 @@ _errors = [
     (
         stat(
             "Link downed in the time range",
-            [target(f"sum({increase(M.PORT_LINK_DOWNED, S)})")],
+            [target(f"sum({picked(increase(M.PORT_LINK_DOWNED))})")],
             thresholds=[(None, "green"), (1, "red")],
         ),
         4,
@@ -111,7 +115,7 @@ _errors = [
     (
         stat(
             "Symbol errors in the time range",
-            [target(f"sum({increase(M.PORT_SYMBOL_ERRORS, S)})")],
+            [target(f"sum({picked(increase(M.PORT_SYMBOL_ERRORS))})")],
             thresholds=[(None, "green"), (1, "orange")],
         ),
         4,
@@ -121,7 +125,7 @@ _errors = [
             "Fabric-wide: ports with the most errors",
             [
                 target(
-                    f"topk(15, sum by (name, port, remote_name, remote_port) ({_all_errors}))",
+                    f"topk(15, {named(f'sum by ({PORT_JOIN}) ({_all_errors})')})",
                     instant=True,
                     table=True,
                 )
@@ -138,11 +142,11 @@ _links = [
         table(
             "Links of the picked ports",
             [
-                target(series(M.PORT_STATE, S), instant=True, table=True),
-                target(series(M.PORT_PHYSICAL_STATE, S), instant=True, table=True),
-                target(series(M.PORT_WIDTH_LANES, S), instant=True, table=True),
-                target(series(M.PORT_RATE_BYTES, S), instant=True, table=True),
-                target(series(M.PORT_MTU_BYTES, S), instant=True, table=True),
+                target(picked(series(M.PORT_STATE)), instant=True, table=True),
+                target(picked(series(M.PORT_PHYSICAL_STATE)), instant=True, table=True),
+                target(picked(series(M.PORT_WIDTH_LANES)), instant=True, table=True),
+                target(picked(series(M.PORT_RATE_BYTES)), instant=True, table=True),
+                target(picked(series(M.PORT_MTU_BYTES)), instant=True, table=True),
             ],
             description="PortState (4 Active), PortPhysicalState (5 LinkUp), lanes, data rate (bytes/s), MTU.",
         ),
@@ -155,5 +159,5 @@ dashboard = dashboard(
     "ibfm-ports",
     "Bandwidth, packets, utilization and PMA error counters of the picked switch ports (PerfManager totals).",
     rows([("Traffic", 8, _traffic), ("Errors", 9, _errors), ("Links", 10, _links)]),
-    [switch_variable(M.DEVICE_UP), port_variable(M.PORT_STATE)],
+    [switch_variable(M.DEVICE_UP), port_variable()],
 )

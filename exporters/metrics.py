@@ -8,14 +8,21 @@ counters, ``_info`` on info-style gauges whose value is always 1.
 
 Five scopes:
 
-- per port (:data:`PORT_LABELS`): every existing port except a switch's
-  port 0; PortInfo facts from the last heavy sweep, PMA counters from the
-  PerfManager, and what the congestion model predicts;
+- per port (:data:`PORT_LABELS`: only what identifies the port): every
+  existing port except a switch's port 0; PortInfo facts from the last
+  heavy sweep, PMA counters from the PerfManager, and what the congestion
+  model predicts. Names, the far end of the cable and the link's role are
+  on one :data:`PORT_INFO` series per port (:data:`PORT_INFO_LABELS`),
+  joined in PromQL with ``* on(guid, port) group_left(name, ...)``: the
+  info-metric pattern of ``node_uname_info`` and ``kube_pod_info``;
 - per device (:data:`DEVICE_LABELS`): every node of the last heavy sweep;
 - per subnet: sweeps, LFT programming, routing, counts by state;
 - per partition (:data:`PARTITION_LABELS`): members of each partition of the
   last heavy sweep's plan;
 - the PerfManager itself.
+
+Every family belongs to one :data:`GROUPS` entry, the unit of selection of
+``/metrics?collect[]=...``.
 
 ``docs/metrics.md`` lists them all with the infiniband_exporter names they
 correspond to; a test keeps both in step.
@@ -37,9 +44,19 @@ class MetricType(StrEnum):
     HISTOGRAM = "histogram"
 
 
-PORT_LABELS: tuple[str, ...] = ("guid", "name", "port", "remote_guid", "remote_name", "remote_port")
-"""Node GUID (``0x`` + 16 hex digits), node name (NodeDescription), port number, and the same for the
-port at the other end of the cable (empty when the port has no cable)."""
+PORT_LABELS: tuple[str, ...] = ("guid", "port")
+"""What identifies a port on every per-port series: node GUID (``0x`` + 16 hex digits) and port number."""
+
+PORT_INFO_LABELS: tuple[str, ...] = ("guid", "port", "name", "remote_guid", "remote_name", "remote_port", "role")
+"""The labels of :data:`PORT_INFO`: the port (:data:`PORT_LABELS`), its node's name (NodeDescription),
+the node GUID, name and port number at the other end of the cable (empty without a cable), and the
+link's role (:data:`LINK_ROLES`)."""
+
+LINK_ROLES: tuple[str, ...] = ("up", "down", "host", "peer", "none")
+"""``role`` of :data:`PORT_INFO`: ``up`` a switch port whose cable leads to a switch of a higher tier
+(rank above the leaves, as the ftree and updn engines rank them), ``down`` to one of a lower tier,
+``host`` a link between a switch and a CA or router (on both ends), ``peer`` between switches of the
+same tier or unranked ones (tori, rings) and between two CAs, ``none`` no cable."""
 
 DEVICE_LABELS: tuple[str, ...] = ("guid", "name", "type")
 """Node GUID, node name, node type (:data:`NODE_TYPE_NAMES`)."""
@@ -73,6 +90,10 @@ SWEEP_DURATION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0
 """Upper bounds (seconds) of the heavy-sweep duration histogram; ``+Inf`` is implied."""
 
 
+UNITS: tuple[str, ...] = ("bytes_per_second", "seconds", "bytes", "ratio")
+"""Units an OpenMetrics ``# UNIT`` line names, when a family's name ends in ``_`` + one of them."""
+
+
 @dataclass(frozen=True, slots=True)
 class MetricDef:
     """One metric family.
@@ -96,6 +117,12 @@ class MetricDef:
         if self.type == MetricType.COUNTER:
             return self.name.removesuffix("_total")
         return self.name
+
+    @property
+    def unit(self) -> str:
+        """The unit the family's name ends in (:data:`UNITS`), '' for none: OpenMetrics' ``# UNIT``."""
+        fam = self.family
+        return next((u for u in UNITS if fam.endswith("_" + u)), "")
 
     @property
     def samples(self) -> tuple[str, ...]:
@@ -132,7 +159,13 @@ def _device(name: str, type: MetricType, help: str, ie: str) -> MetricDef:
     return MetricDef(name, type, help, DEVICE_LABELS, infiniband_exporter=ie)
 
 
-# -- per port: PortInfo (from the last heavy sweep) -------------------------------------------------
+# -- per port: the info series, and PortInfo (from the last heavy sweep) -----------------------------
+
+PORT_INFO = MetricDef("ibfm_port_info", MetricType.GAUGE,
+    "One series per port (always 1) with its names, the far end of its cable and the link's role "
+    "(up, down, host, peer, none); join it onto a per-port series with "
+    "* on(guid, port) group_left(name, remote_name, remote_port, role).", PORT_INFO_LABELS,
+    infiniband_exporter="infiniband_{switch,hca}_uplink_info, infiniband_{switch,hca}_info")
 
 PORT_STATE = _port_gauge("ibfm_port_state",
     "PortInfo.PortState: 1 Down, 2 Init, 3 Armed, 4 Active.")
@@ -150,9 +183,9 @@ PORT_MTU_BYTES = _port_gauge("ibfm_port_mtu_bytes",
 # -- per port: the congestion model -----------------------------------------------------------------
 
 PORT_PREDICTED_UTILIZATION = _port_gauge("ibfm_port_predicted_utilization_ratio",
-    "Transmit utilization of the port (0..1) that the congestion model predicts for the current routes.")
+    "Transmit utilization of the port (0..1, to 1e-6) that the congestion model predicts for the current routes.")
 PORT_PREDICTED_XMIT_WAIT = _port_gauge("ibfm_port_predicted_transmit_wait_per_second",
-    "XmitWait ticks per second that the congestion model predicts; compare with "
+    "XmitWait ticks per second (to 0.1) that the congestion model predicts; compare with "
     "rate(ibfm_port_transmit_wait_total).")
 
 # -- per port: PMA counters (PerfManager totals, 64-bit, never reset by ibfm) -----------------------
@@ -360,11 +393,38 @@ PERFMGR_METRICS: tuple[MetricDef, ...] = (
     PERFMGR_PORTS_READ,
 )
 
+PORT_TRAFFIC: tuple[MetricDef, ...] = PORT_COUNTERS[:9]
+"""Data, packet and XmitWait counters (they move with every counter sweep)."""
+PORT_ERRORS: tuple[MetricDef, ...] = PORT_COUNTERS[9:]
+"""The PortCounters error counters (they rarely move)."""
+
 ALL: tuple[MetricDef, ...] = (
-    SUBNET_METRICS + PARTITION_METRICS + SM_METRICS + PERFMGR_METRICS + DEVICE_METRICS + PORT_INFO_GAUGES
-    + PORT_PREDICTED + PORT_COUNTERS
+    SUBNET_METRICS + PARTITION_METRICS + SM_METRICS + PERFMGR_METRICS + DEVICE_METRICS + (PORT_INFO,)
+    + PORT_INFO_GAUGES + PORT_PREDICTED + PORT_COUNTERS
 )
 """Every metric, in exposition order."""
+
+GROUPS: dict[str, tuple[MetricDef, ...]] = {
+    "subnet": SUBNET_METRICS,
+    "sm": SM_METRICS,
+    "partitions": PARTITION_METRICS,
+    "perfmgr": PERFMGR_METRICS,
+    "devices": DEVICE_METRICS,
+    "port_info": (PORT_INFO,),
+    "port_state": PORT_INFO_GAUGES,
+    "port_traffic": PORT_TRAFFIC,
+    "port_errors": PORT_ERRORS,
+    "congestion": PORT_PREDICTED,
+}
+"""Family groups, the names ``/metrics?collect[]=`` takes (node_exporter's collectors); every family is
+in exactly one. ``subnet``, ``sm``, ``partitions`` and ``perfmgr`` are fabric-wide (one shard only);
+the others are per device or per port (split by ``shard=``)."""
+
+FABRIC_WIDE_GROUPS: frozenset[str] = frozenset({"subnet", "sm", "partitions", "perfmgr"})
+"""Groups without a row per device or port: served whole to shard 0 and to no other shard."""
+
+GROUP_OF: dict[str, str] = {m.name: g for g, ms in GROUPS.items() for m in ms}
+"""Metric name -> its group."""
 
 BY_NAME: dict[str, MetricDef] = {m.name: m for m in ALL}
 

@@ -14,14 +14,20 @@ Two ways out of the same data:
   children, so a port that vanishes from the snapshot vanishes from the
   output). Fine for small fabrics and for tests.
 - :class:`MetricsRenderer`, the fast path the HTTP server uses: per-port
-  and per-device families are written as exposition text straight from the
-  arrays with numpy. The label sets are escaped and laid out as a byte
-  matrix once per topology change (cached by fabric identity, and kept while
-  nodes, names and cables stay the same); a family is that matrix with the
-  metric name on its left and the values' digits on its right. The text of
-  a family is kept until its values change, and the whole output until the
-  snapshot, the PerfManager's sweep count, the prediction or the sweep
-  history changes: a scrape between two counter sweeps costs nothing.
+  and per-device families are written straight from the arrays with numpy
+  and kept compressed, never as text. The label sets are escaped and laid
+  out as byte matrices once per topology change (kept while nodes, names and
+  cables stay the same); a family's lines are the metric name, a matrix row,
+  one blank and the value, deflated into a :class:`Segment` that is kept,
+  per shard, until its values change. An :class:`Exposition` (one format and
+  :class:`Selection`) is its families' segments with the headers between
+  them: gzip without compressing anything again, OpenMetrics and the text
+  format from the same segments. :class:`MetricsHandler` negotiates as
+  client_python does, selects by ``collect[]`` and ``shard=i/n``, and
+  renders the outputs scraped lately as soon as the inputs change.
+
+Per-port series carry ``guid`` and ``port`` only; names, the far end and
+the link's role are on one ``ibfm_port_info`` series per port.
 
 Node indices of the PerfManager and the prediction are mapped onto the
 snapshot's by node GUID when they are bound to another fabric object (a
@@ -31,13 +37,21 @@ counter sweep still running on the previous snapshot).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import hashlib
 import itertools
 import logging
 import math
+import os
+import re
+import struct
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,6 +65,7 @@ from exporters import metrics as M
 from exporters.metrics import MetricDef
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, NO_PEER, Fabric, NodeType, lanes_of, link_bytes_per_s
+from fabric.shape import switch_ranks
 from sm.partitions.plan import PartitionPlan
 from sm.sweep.manager import SubnetSnapshot
 
@@ -240,42 +255,64 @@ def _escape(value: str) -> str:
     return value
 
 
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+def _escape_help(text: str, openmetrics: bool) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if openmetrics else text
+
+
+_MIX1 = np.uint64(0xFF51AFD7ED558CCD)
+_MIX2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+
+
+def shard_hash(guid: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """MurmurHash3's 64-bit finalizer (fmix64) of node GUIDs: a switch's shard is ``shard_hash(guid) % n``.
+
+    Stable across sweeps and restarts (a function of the GUID alone), and even for the consecutive
+    GUIDs vendors give a batch of switches."""
+    x = np.asarray(guid, np.uint64).copy()
+    x ^= x >> _S33
+    x *= _MIX1
+    x ^= x >> _S33
+    x *= _MIX2
+    x ^= x >> _S33
+    return x
 
 
 class _Rows:
-    """The label sets of a vector family (one per row), in the forms the two outputs need.
+    """The label sets of a vector family (one per row), laid out once per topology.
 
     ``matrix``: ``uint8[rows, width]``, row ``i`` the bytes of ``{labels}``
-    followed by blanks up to a common width (at least one blank), so a
-    family's text is this matrix with the metric name to its left and the
-    values, right-aligned, to its right: one line per row, every line of a
-    family the same length. The text format allows any run of blanks between
-    the label set and the value.
+    followed by NULs up to a common width; ``lens[i]`` its length. A family's
+    text is, row by row, the metric name, the row's first ``lens[i]`` bytes, a
+    blank and the value (:func:`_body`). ``shard_key[i]``: the hash
+    (:func:`shard_hash`) of the node whose shard the row goes to. ``values``
+    (label values as strings, for the prometheus_client path) are made on
+    demand by ``make_values``.
     """
 
     def __init__(
-        self, names: tuple[str, ...], values: Sequence[tuple[str, ...]], blocks: npt.NDArray[np.object_]
+        self,
+        names: tuple[str, ...],
+        blocks: list[str],
+        shard_key: npt.NDArray[np.uint64],
+        make_values: Callable[[], list[tuple[str, ...]]],
     ) -> None:
         self.names = names
-        self.values = values
-        self.blocks = blocks
-        self._matrix: npt.NDArray[np.uint8] | None = None
+        raw = [b.encode() for b in blocks]
+        self.lens = np.fromiter(map(len, raw), np.int64, len(raw))
+        width = int(self.lens.max()) if raw else 1
+        self.matrix = np.array(raw, dtype=f"S{width}").view(np.uint8).reshape(len(raw), width)
+        self.shard_key = shard_key
+        self._make_values = make_values
         self._dicts: list[dict[str, str]] | None = None
 
     def __len__(self) -> int:
-        return len(self.values)
+        return int(self.lens.shape[0])
 
     @property
-    def matrix(self) -> npt.NDArray[np.uint8]:
-        if self._matrix is None:
-            raw = [b.encode() for b in self.blocks.tolist()]
-            width = max(map(len, raw), default=0) + 1
-            m = np.array(raw, dtype=f"S{width}").view(np.uint8).reshape(len(raw), width).copy()
-            m[m == 0] = 32  # NUL padding -> blanks (label values hold no NUL: see _clean)
-            self._matrix = m
-        return self._matrix
+    def values(self) -> list[tuple[str, ...]]:
+        return self._make_values()
 
     @property
     def dicts(self) -> list[dict[str, str]]:
@@ -285,12 +322,41 @@ class _Rows:
         return self._dicts
 
     def subset(self, idx: npt.NDArray[np.intp]) -> _Rows:
-        if idx.size == len(self.values):
+        if idx.size == len(self):
             return self
-        sub = _Rows(self.names, [self.values[i] for i in idx.tolist()], self.blocks[idx])
-        if self._matrix is not None:
-            sub._matrix = self._matrix[idx]
+        sub = _Rows.__new__(_Rows)
+        sub.names = self.names
+        sub.lens = self.lens[idx]
+        sub.matrix = self.matrix[idx]
+        sub.shard_key = self.shard_key[idx]
+        make = self._make_values
+        sel = idx.tolist()
+
+        def values() -> list[tuple[str, ...]]:
+            v = make()
+            return [v[i] for i in sel]
+
+        sub._make_values = values
+        sub._dicts = None
         return sub
+
+    def window(self, start: int, stop: int) -> _Rows:
+        """Rows ``start:stop`` as views (for rendering a piece at a time; no label values)."""
+        sub = _Rows.__new__(_Rows)
+        sub.names = self.names
+        sub.lens = self.lens[start:stop]
+        sub.matrix = self.matrix[start:stop]
+        sub.shard_key = self.shard_key[start:stop]
+        sub._make_values = lambda: self.values[start:stop]
+        sub._dicts = None
+        return sub
+
+    def in_shard(self, shard: tuple[int, int] | None) -> npt.NDArray[np.intp] | None:
+        """Rows of shard ``(i, n)``, or None for every row."""
+        if shard is None or shard[1] == 1:
+            return None
+        i, n = shard
+        return np.flatnonzero(self.shard_key % np.uint64(n) == np.uint64(i))
 
 
 _MTU = np.zeros(256, np.int64)
@@ -298,40 +364,95 @@ for _code, _bytes in MTU_BYTES.items():
     _MTU[_code] = _bytes
 
 
+def _roles(fabric: Fabric, pn: npt.NDArray[np.intp], rn: npt.NDArray[np.int64]) -> list[str]:
+    """The link role of each port (``exporters.metrics.LINK_ROLES``)."""
+    is_sw = fabric.node_type == NodeType.SWITCH
+    rank = switch_ranks(fabric)
+    cabled = rn != NO_PEER
+    peer = np.where(cabled, rn, 0)
+    both = cabled & is_sw[pn] & is_sw[peer]
+    mine, theirs = rank[pn], rank[peer]
+    ranked = both & (mine >= 0) & (theirs >= 0)
+    code = np.full(pn.shape[0], 4, np.int64)  # none
+    code[cabled] = 3  # peer (two CAs, or switches of one tier)
+    code[cabled & (is_sw[pn] != is_sw[peer])] = 2  # host
+    code[ranked & (theirs > mine)] = 0  # up
+    code[ranked & (theirs < mine)] = 1  # down
+    names = M.LINK_ROLES
+    return [names[c] for c in code.tolist()]
+
+
 class _Topology:
-    """Rows and label sets of one fabric: ports (all but switch port 0) and devices."""
+    """Rows and label sets of one fabric: ports (all but switch port 0), their info series, and devices.
+
+    Shards: a switch's rows (its ports, its device series) go to the shard of its own GUID; the rows of
+    a CA or router port to the shard of the switch its cable leads to (its own GUID's without one); a
+    CA's device series to the shard of the switch on its first port cabled to a switch.
+    """
 
     def __init__(self, fabric: Fabric) -> None:
         self.fabric = fabric
         ex = fabric.port_exists.copy()
-        ex[fabric.node_type == NodeType.SWITCH, 0] = False
+        is_sw = fabric.node_type == NodeType.SWITCH
+        ex[is_sw, 0] = False
         pn, pp = np.nonzero(ex)
         self.pn = pn.astype(np.intp)
         self.pp = pp.astype(np.intp)
+        pn, pp = self.pn, self.pp
+        n = fabric.n_nodes
         guid = [f"0x{g:016x}" for g in fabric.node_guid.tolist()] + [""]
         name = [*(_clean(x) for x in fabric.names), ""]
         ename = [_escape(s) for s in name]
         rn = fabric.peer_node[pn, pp].astype(np.int64)
         rp = np.where(rn != NO_PEER, fabric.peer_port[pn, pp].astype(np.int64), -1)
         ports = _PORT_STR
-        rows = list(zip(pn.tolist(), pp.tolist(), rn.tolist(), rp.tolist(), strict=True))
-        values = [(guid[a], name[a], ports[b], guid[c], name[c], ports[d]) for a, b, c, d in rows]
-        blocks = np.array(
+        hashes = shard_hash(fabric.node_guid)
+        to_switch = (rn != NO_PEER) & is_sw[np.where(rn != NO_PEER, rn, 0)]
+        owner = np.where(~is_sw[pn] & to_switch, rn, pn)
+        port_key = hashes[owner]
+        a_l, b_l, c_l, d_l = pn.tolist(), pp.tolist(), rn.tolist(), rp.tolist()
+        role = _roles(fabric, pn, rn)
+
+        def port_values() -> list[tuple[str, ...]]:
+            return [(guid[a], ports[b]) for a, b in zip(a_l, b_l, strict=True)]
+
+        def info_values() -> list[tuple[str, ...]]:
+            return [
+                (guid[a], ports[b], name[a], guid[c], name[c], ports[d], r)
+                for a, b, c, d, r in zip(a_l, b_l, c_l, d_l, role, strict=True)
+            ]
+
+        self.ports = _Rows(
+            M.PORT_LABELS,
+            [f'{{guid="{guid[a]}",port="{ports[b]}"}}' for a, b in zip(a_l, b_l, strict=True)],
+            port_key,
+            port_values,
+        )
+        self.port_info = _Rows(
+            M.PORT_INFO_LABELS,
             [
-                f'{{guid="{guid[a]}",name="{ename[a]}",port="{ports[b]}",'
-                f'remote_guid="{guid[c]}",remote_name="{ename[c]}",remote_port="{ports[d]}"}}'
-                for a, b, c, d in rows
+                f'{{guid="{guid[a]}",port="{ports[b]}",name="{ename[a]}",remote_guid="{guid[c]}",'
+                f'remote_name="{ename[c]}",remote_port="{ports[d]}",role="{r}"}}'
+                for a, b, c, d, r in zip(a_l, b_l, c_l, d_l, role, strict=True)
             ],
-            dtype=object,
+            port_key,
+            info_values,
         )
-        self.ports = _Rows(M.PORT_LABELS, values, blocks)
+        dev_owner = np.arange(n, dtype=np.int64)
+        ca_rows = np.flatnonzero(~is_sw[pn] & to_switch)
+        cas, first = np.unique(pn[ca_rows], return_index=True)  # a CA's first port cabled to a switch
+        dev_owner[cas] = rn[ca_rows[first]]
         types = [M.NODE_TYPE_NAMES.get(t, str(t)) for t in fabric.node_type.tolist()]
-        n = fabric.n_nodes
-        dvalues = [(guid[i], name[i], types[i]) for i in range(n)]
-        dblocks = np.array(
-            [f'{{guid="{guid[i]}",name="{ename[i]}",type="{types[i]}"}}' for i in range(n)], dtype=object
+
+        def device_values() -> list[tuple[str, ...]]:
+            return [(guid[i], name[i], types[i]) for i in range(n)]
+
+        self.devices = _Rows(
+            M.DEVICE_LABELS,
+            [f'{{guid="{guid[i]}",name="{ename[i]}",type="{types[i]}"}}' for i in range(n)],
+            hashes[dev_owner],
+            device_values,
         )
-        self.devices = _Rows(M.DEVICE_LABELS, dvalues, dblocks)
 
     def same_as(self, fabric: Fabric) -> bool:
         """True if ``fabric`` has the same nodes, names and cables (labels would be identical)."""
@@ -457,12 +578,18 @@ def _fmt(v: Value) -> str:
     return str(v) if isinstance(v, int) else floatToGoString(v)
 
 
-def _header(m: MetricDef) -> str:
-    return f"# HELP {m.name} {_escape_help(m.help)}\n# TYPE {m.name} {m.type.value}\n"
+def _header(m: MetricDef, openmetrics: bool) -> str:
+    """``# HELP`` and ``# TYPE`` (and OpenMetrics' ``# UNIT``); OpenMetrics names a counter's family without
+    ``_total``, as client_python does."""
+    if not openmetrics:
+        return f"# HELP {m.name} {_escape_help(m.help, False)}\n# TYPE {m.name} {m.type.value}\n"
+    fam = m.family
+    unit = f"# UNIT {fam} {m.unit}\n" if m.unit else ""
+    return f"# HELP {fam} {_escape_help(m.help, True)}\n# TYPE {fam} {m.type.value}\n{unit}"
 
 
-def _text_family(f: _Family) -> str:
-    out = [_header(f.metric)]
+def _text_family(f: _Family, openmetrics: bool) -> str:
+    out = [_header(f.metric, openmetrics)]
     for name, lnames, lvalues, value in f.samples:
         if lnames:
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in zip(lnames, lvalues, strict=True))
@@ -475,8 +602,9 @@ def _text_family(f: _Family) -> str:
 _POW10 = [np.uint64(10**k) for k in range(20)]
 
 
-def _int_field(v: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
-    """Non-negative integers as right-aligned decimal digits, ``uint8[n, digits of the largest]``."""
+def _int_field(v: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Non-negative integers as decimal digits, ``uint8[n, digits of the largest]`` (right-aligned behind
+    leading zeros), and the number of digits of each: row ``i``'s value is its last ``digits[i]`` bytes."""
     n = v.shape[0]
     d = len(str(int(v.max()))) if n else 1
     out = np.empty((n, d), np.uint8)
@@ -489,12 +617,11 @@ def _int_field(v: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
     digits = np.ones(n, np.int64)
     for k in range(1, d):
         digits += v >= _POW10[k]
-    out[np.arange(d)[None, :] < (d - digits)[:, None]] = 32
-    return out
+    return out, digits
 
 
-def _str_field(texts: list[str]) -> npt.NDArray[np.uint8]:
-    """ASCII strings, right-aligned in a blank-padded ``uint8[n, longest]``."""
+def _str_field(texts: list[str]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """ASCII strings, right-aligned in a ``uint8[n, longest]``, and their lengths."""
     n = len(texts)
     lens = np.fromiter(map(len, texts), np.int64, n)
     d = int(lens.max()) if n else 1
@@ -504,11 +631,12 @@ def _str_field(texts: list[str]) -> npt.NDArray[np.uint8]:
     # character k of the joined text, in row r: goes to r * d + (d - len_r) + (k - start_r)
     shift = np.arange(n, dtype=np.int64) * d + d - lens - starts
     out[np.arange(buf.size, dtype=np.int64) + np.repeat(shift, lens)] = buf
-    return out.reshape(n, d)
+    return out.reshape(n, d), lens
 
 
-def _value_field(values: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
-    """Sample values as right-aligned text, one row each; floats as repr, NaN and infinities as Go writes them."""
+def _value_field(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Sample values as right-aligned text, one row each, and their lengths; floats as repr, NaN and
+    infinities as Go writes them."""
     if values.dtype.kind == "u" or (values.dtype.kind in "ib" and (values.size == 0 or values.min() >= 0)):
         return _int_field(values.astype(np.uint64))
     if values.dtype.kind in "ib":
@@ -520,26 +648,150 @@ def _value_field(values: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
     return _str_field(texts)
 
 
-Chunk = bytes | memoryview
-"""A piece of the exposition: bytes, or a 1-D byte view of a rendered numpy array (no copy)."""
-
-
-def _text_vector(v: _Vector) -> list[Chunk]:
-    """A family's text: the name, the label matrix and the values side by side, a row per line."""
-    head = _header(v.metric).encode()
-    n = len(v.rows)
+def _body(name: str, rows: _Rows, values: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
+    """A vector family's sample lines, ``name{labels} value\\n`` each with one blank (OpenMetrics' rule;
+    the text format takes it too): the name, the label matrix and the values side by side in one array,
+    then the padding cut out with one boolean mask."""
+    n = len(rows)
     if n == 0:
-        return [head]
-    lab = v.rows.matrix
-    val = _value_field(np.asarray(v.values))
-    name = np.frombuffer(v.metric.name.encode(), np.uint8)
-    k, w, d = name.size, lab.shape[1], val.shape[1]
-    out = np.empty((n, k + w + d + 1), np.uint8)
-    out[:, :k] = name
+        return np.zeros(0, np.uint8)
+    lab, llen = rows.matrix, rows.lens
+    val, vlen = _value_field(np.asarray(values))
+    name_b = np.frombuffer(name.encode(), np.uint8)
+    k, w, d = name_b.size, lab.shape[1], val.shape[1]
+    out = np.empty((n, k + w + d + 2), np.uint8)
+    out[:, :k] = name_b
     out[:, k : k + w] = lab
-    out[:, k + w : k + w + d] = val
+    out[:, k + w] = 32
+    out[:, k + w + 1 : -1] = val
     out[:, -1] = 10
-    return [head, out.reshape(-1).data]
+    keep = np.ones(out.shape, np.bool_)
+    keep[:, k : k + w] = np.arange(w)[None, :] < llen[:, None]
+    keep[:, k + w + 1 : -1] = np.arange(d)[None, :] >= (d - vlen)[:, None]
+    return out[keep]
+
+
+# -- compressed pieces ------------------------------------------------------------------------------------------
+
+GZIP_LEVEL = 1
+"""zlib level of the kept pieces. Level 1: on the 11,664-host fabric the text compresses about tenfold,
+several times faster than at 6."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of the exposition, deflated on its own (raw deflate, ending on a sync flush and not final):
+    segments concatenate into one deflate stream, so an output is a gzip header, its segments, an empty
+    final block and a trailer (CRC-32 combined from the segments', as pigz does): no text kept, no piece
+    compressed twice."""
+
+    data: bytes
+    crc: int
+    size: int
+    """Length of the text."""
+
+    @classmethod
+    def of(cls, text: bytes | npt.NDArray[np.uint8]) -> Segment:
+        return cls.of_pieces([text])
+
+    @classmethod
+    def of_pieces(cls, pieces: Iterable[bytes | npt.NDArray[np.uint8]]) -> Segment:
+        """One segment of the pieces one after the other (made and dropped one at a time)."""
+        z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+        out: list[bytes] = []
+        crc = size = 0
+        for text in pieces:
+            view = text if isinstance(text, bytes) else np.ascontiguousarray(text).data.cast("B")
+            out.append(z.compress(view))
+            crc = zlib.crc32(view, crc)
+            size += len(view)
+        out.append(z.flush(zlib.Z_SYNC_FLUSH))
+        return cls(b"".join(out), crc, size)
+
+    def text(self) -> bytes:
+        return zlib.decompressobj(-15).decompress(self.data)
+
+
+_CRC_POLY = 0xEDB88320
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a x b modulo the CRC-32 polynomial (reflected), as zlib's crc32_combine does it."""
+    m = 1 << 31
+    p = 0
+    while True:
+        if a & m:
+            p ^= b
+            if (a & (m - 1)) == 0:
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> list[int]:
+    p = 1 << 30  # x^1
+    table = [p]
+    for _ in range(31):
+        p = _multmodp(p, p)
+        table.append(p)
+    return table
+
+
+_X2N = _x2n_table()
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC-32 of A + B from CRC-32(A), CRC-32(B) and len(B) (zlib's crc32_combine)."""
+    p = 1 << 31  # x^0
+    k = 3
+    n = len2
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
+
+
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+"""gzip member header: deflate, no flags, no mtime, OS unknown."""
+_FINAL_BLOCK = b"\x03\x00"
+"""An empty final fixed-Huffman block: ends the deflate stream."""
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """One output (format and selection) as segments, for one set of inputs."""
+
+    segments: tuple[Segment, ...]
+    content_type: str
+    size: int = field(init=False)
+    crc: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        crc = size = 0
+        for s in self.segments:
+            crc = crc32_combine(crc, s.crc, s.size)
+            size += s.size
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "crc", crc)
+
+    def gzip_chunks(self) -> list[bytes]:
+        """The output as one gzip member, in pieces (no copy of the segments)."""
+        trailer = struct.pack("<II", self.crc, self.size & 0xFFFFFFFF)
+        return [_GZIP_HEADER, *(s.data for s in self.segments), _FINAL_BLOCK, trailer]
+
+    @property
+    def gzip_size(self) -> int:
+        return len(_GZIP_HEADER) + sum(len(s.data) for s in self.segments) + len(_FINAL_BLOCK) + 8
+
+    def text_chunks(self) -> Iterator[bytes]:
+        """The text, a segment at a time (inflated on the way: the renderer keeps no text)."""
+        for s in self.segments:
+            yield s.text()
+
+    def text(self) -> bytes:
+        return b"".join(self.text_chunks())
 
 
 def _metric_object(fam: _Family | _Vector) -> Metric:
@@ -619,6 +871,7 @@ class _Builder:
         if perf is not None and perf.fabric is not None and not perf_ok:
             log.warning("metrics: PerfManager arrays are inconsistent (re-bind in progress?); counters left out")
         fams += self._devices(topo, perf if perf_ok else None)
+        fams.append(_Vector(M.PORT_INFO, topo.port_info, np.ones(len(topo.port_info), np.uint8)))
         fams += _port_gauges(topo)
         if c.prediction is not None:
             fams += _predicted(topo, c.prediction)
@@ -829,9 +1082,11 @@ def _predicted(topo: _Topology, pred: Prediction) -> list[_Family | _Vector]:
         idx = np.flatnonzero(ok)
         qn, qp = m[idx], topo.pp[idx]
     rows = topo.ports if idx is None else topo.ports.subset(idx)
+    # a model's figures: 1e-6 of a link and 0.1 tick/s are far below what it can tell apart, and
+    # shorter numbers halve the families' compressed size
     return [
-        _Vector(M.PORT_PREDICTED_UTILIZATION, rows, util[qn, qp]),
-        _Vector(M.PORT_PREDICTED_XMIT_WAIT, rows, wait[qn, qp]),
+        _Vector(M.PORT_PREDICTED_UTILIZATION, rows, np.round(util[qn, qp], 6)),
+        _Vector(M.PORT_PREDICTED_XMIT_WAIT, rows, np.round(wait[qn, qp], 1)),
     ]
 
 
@@ -861,27 +1116,120 @@ class FabricCollector:
             yield _metric_object(fam)
 
 
+class SelectionError(MetricsError):
+    """A bad ``collect[]`` or ``shard`` parameter (HTTP 400)."""
+
+    def __init__(self, parameter: str, detail: str) -> None:
+        super().__init__(detail)
+        self.parameter = parameter
+        self.detail = detail
+
+
+SHARDS_MAX = 1024
+"""The largest ``n`` of ``shard=i/n``."""
+_SHARD = re.compile(r"([0-9]{1,4})/([0-9]{1,4})")
+_PARAMS = ("collect[]", "shard")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one scrape asks for: family groups (None: all of them) and a shard ``(i, n)`` (None: whole)."""
+
+    groups: frozenset[str] | None = None
+    shard: tuple[int, int] | None = None
+
+    @classmethod
+    def parse(cls, query: Mapping[str, str] | Iterable[tuple[str, str]]) -> Selection:
+        """From query parameters (``collect[]`` any number of times, ``shard`` at most once), as
+        node_exporter reads ``collect[]``; raises :class:`SelectionError` naming the parameter."""
+        items = list(query.items()) if isinstance(query, Mapping) else list(query)
+        groups: set[str] = set()
+        shard: tuple[int, int] | None = None
+        seen_shard = False
+        for k, v in items:
+            if k == "collect[]":
+                if v not in M.GROUPS:
+                    raise SelectionError(
+                        k, f"unknown metric group {v!r} in collect[] (known: {', '.join(M.GROUPS)})"
+                    )
+                groups.add(v)
+            elif k == "shard":
+                if seen_shard:
+                    raise SelectionError(k, "shard given more than once")
+                seen_shard = True
+                m = _SHARD.fullmatch(v)
+                i, n = (int(m.group(1)), int(m.group(2))) if m else (-1, 0)
+                if not (1 <= n <= SHARDS_MAX and 0 <= i < n):
+                    raise SelectionError(
+                        k, f"shard {v!r}: want i/n with 0 <= i < n <= {SHARDS_MAX} (e.g. shard=0/4)"
+                    )
+                shard = (i, n) if n > 1 else None
+            else:
+                raise SelectionError(k, f"unknown query parameter {k!r} (known: {', '.join(_PARAMS)})")
+        return cls(frozenset(groups) if groups else None, shard)
+
+    def wants(self, metric: MetricDef) -> bool:
+        return self.groups is None or M.GROUP_OF[metric.name] in self.groups
+
+    @property
+    def fabric_wide(self) -> bool:
+        """Whether the fabric-wide families go in: to the whole fabric and to shard 0."""
+        return self.shard is None or self.shard[0] == 0
+
+
+EVERYTHING = Selection()
+
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+"""Content-Type of OpenMetrics 1.0 (what client_python answers an ``Accept`` that names it)."""
+
+
+def accepts_openmetrics(header: str) -> bool:
+    """Whether an ``Accept`` value asks for OpenMetrics: client_python's rule (the media type named
+    anywhere in the list), except with ``q=0``."""
+    for part in header.split(","):
+        media, _, params = part.partition(";")
+        if media.strip().lower() != "application/openmetrics-text":
+            continue
+        q = 1.0
+        for p in params.split(";"):
+            k, _, v = p.strip().partition("=")
+            if k.strip().lower() == "q":
+                try:
+                    q = float(v)
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            return True
+    return False
+
+
 @dataclass
 class RenderStats:
     """What the last render of :class:`MetricsRenderer` did."""
 
     seconds: float = 0.0
     bytes: int = 0
+    """Size of the text."""
+    gzip_bytes: int = 0
     families: int = 0
     families_rendered: int = 0
-    """Vector families whose text was rebuilt (the others came from the cache)."""
+    """Vector families whose text was rebuilt and compressed (the others came from the cache)."""
     cached: bool = False
     """The whole output came from the cache."""
 
 
-class MetricsRenderer:
-    """Renders the exposition text for a :data:`MetricsSource`, caching per topology, family and sweep.
+_SHARD_SETS_KEPT = 64
+"""Shard selections (``(i, n)``) whose compressed families are kept; the least recently used go first."""
 
-    ``render()`` returns bytes; ``render_chunks()`` the same as a list of
-    bytes-like pieces (a family's header and body; a server writes them one
-    after the other instead of joining hundreds of MB); ``render_async()``
-    does the work in a thread when the cache is stale. Safe to call from
-    several threads; one render runs at a time.
+
+class MetricsRenderer:
+    """Renders the exposition for a :data:`MetricsSource`, caching per topology, family, shard and sweep.
+
+    ``exposition(openmetrics, selection)`` returns an :class:`Exposition` (the output as deflated
+    segments); ``render()`` the text format as bytes; the ``*_async`` forms do the work in a thread
+    when the cache is stale. Each vector family is rendered and compressed once per change of its
+    values and shard; a new output (another format or selection) of the same inputs only reuses them.
+    Safe to call from several threads; one render runs at a time.
     """
 
     def __init__(self, source: MetricsSource) -> None:
@@ -889,67 +1237,142 @@ class MetricsRenderer:
         self.stats = RenderStats()
         self._builder = _Builder()
         self._lock = threading.Lock()
-        self._cached: tuple[tuple[object, ...], list[Chunk]] | None = None
-        """(inputs key, output), replaced in one assignment."""
-        self._family_text: dict[str, tuple[_Rows, npt.NDArray[Any], list[Chunk]]] = {}
-        self._gzipped: tuple[list[Chunk], bytes] | None = None
-        """(output, that output gzipped), replaced in one assignment."""
+        self._fams: list[_Family | _Vector] | None = None
+        self._current: tuple[tuple[object, ...], dict[tuple[bool, Selection], Exposition]] | None = None
+        """(inputs key, the outputs made of them): replaced in one assignment when the inputs change."""
+        self._segments: OrderedDict[tuple[int, int] | None, dict[str, tuple[_Rows, bytes, Segment]]]
+        self._segments = OrderedDict()
+        """Per shard selection, per vector family: (rows, digest of the values, compressed body)."""
+
+    def kept_bytes(self) -> dict[str, int]:
+        """What the renderer holds between scrapes, in bytes: label matrices, compressed families, the
+        families' values of the current inputs."""
+        t = self._builder._topo
+        rows = 0 if t is None else sum(r.matrix.nbytes + r.lens.nbytes + r.shard_key.nbytes
+                                       for r in (t.ports, t.port_info, t.devices))
+        segs = sum(len(e[2].data) for kept in self._segments.values() for e in kept.values())
+        fams = self._fams or []
+        values = sum(f.values.nbytes for f in fams if isinstance(f, _Vector))
+        return {"label matrices": rows, "compressed families": segs, "values": values}
 
     def render(self) -> bytes:
-        return b"".join(self.render_chunks())
+        """The whole text format (0.0.4), as bytes."""
+        return self.exposition().text()
 
-    def render_chunks(self) -> list[Chunk]:
-        return self._render(_capture(self.source()))
+    def exposition(self, openmetrics: bool = False, selection: Selection = EVERYTHING) -> Exposition:
+        return self._render(_capture(self.source()), openmetrics, selection)
 
-    async def render_async(self) -> list[Chunk]:
-        """As :meth:`render_chunks`; inputs are captured on the calling (event-loop) thread."""
+    async def exposition_async(self, openmetrics: bool = False, selection: Selection = EVERYTHING) -> Exposition:
+        """As :meth:`exposition`; inputs are captured on the calling (event-loop) thread, rendering runs in
+        a thread unless the output is kept."""
         captured = _capture(self.source())
-        cached = self._cached
-        if cached is not None and _same_key(cached[0], captured.key()):
-            return cached[1]
-        return await asyncio.to_thread(self._render, captured)
+        cur = self._current
+        if cur is not None and _same_key(cur[0], captured.key()):
+            out = cur[1].get((openmetrics, selection))
+            if out is not None:
+                return out
+        return await asyncio.to_thread(self._render, captured, openmetrics, selection)
 
-    async def render_gzip_async(self) -> bytes:
-        """The output gzipped (what a scraper asking ``Accept-Encoding: gzip`` gets, as Prometheus always
-        asks), compressed in a thread once per output and kept until the output changes. Level 1: on the
-        11,664-host fabric the text compresses about tenfold at this level, several times faster than at 6."""
-        chunks = await self.render_async()
-        gz = self._gzipped
-        if gz is not None and gz[0] is chunks:
-            return gz[1]
-        body = await asyncio.to_thread(gzip_chunks, chunks)
-        self._gzipped = (chunks, body)
-        return body
-
-    def _render(self, c: _Captured) -> list[Chunk]:
+    def _render(self, c: _Captured, openmetrics: bool, sel: Selection) -> Exposition:
         t0 = time.perf_counter()
         key = c.key()
         with self._lock:
-            cached = self._cached
-            if cached is not None and _same_key(cached[0], key):
-                self.stats = RenderStats(time.perf_counter() - t0, self.stats.bytes, self.stats.families, 0, True)
-                return cached[1]
-            fams = self._builder.build(c)
-            chunks: list[Chunk] = []
-            rendered = 0
-            seen: dict[str, tuple[_Rows, npt.NDArray[Any], list[Chunk]]] = {}
+            cur = self._current
+            if cur is None or not _same_key(cur[0], key):
+                self._fams = None
+                cur = self._current = (key, {})
+            outputs = cur[1]
+            out = outputs.get((openmetrics, sel))
+            if out is not None:
+                s = self.stats
+                self.stats = RenderStats(time.perf_counter() - t0, out.size, out.gzip_size, s.families, 0, True)
+                return out
+            if self._fams is None:
+                self._fams = self._builder.build(c)
+            kept = self._segments.pop(sel.shard, {})
+            self._segments[sel.shard] = kept
+            while len(self._segments) > _SHARD_SETS_KEPT:
+                self._segments.popitem(last=False)
+            fams = [f for f in self._fams if sel.wants(f.metric) and (sel.fabric_wide or isinstance(f, _Vector))]
+            vectors = [f for f in fams if isinstance(f, _Vector)]
+            stale = [f for f in vectors if not _kept_current(kept, f)]
+            # render and compress the stale families side by side (zlib and numpy's copies release the GIL)
+            for f, entry in zip(stale, _POOL.map(lambda f: _vector_entry(f, sel.shard), stale), strict=True):
+                kept[f.metric.name] = entry
+            segments: list[Segment] = []
+            text: list[str] = []
             for fam in fams:
                 if isinstance(fam, _Family):
-                    chunks.append(_text_family(fam).encode())
+                    text.append(_text_family(fam, openmetrics))
                     continue
-                name = fam.metric.name
-                old = self._family_text.get(name)
-                if old is not None and old[0] is fam.rows and np.array_equal(old[1], fam.values):
-                    text = old[2]
-                else:
-                    text = _text_vector(fam)
-                    rendered += 1
-                seen[name] = (fam.rows, np.array(fam.values, copy=True), text)
-                chunks += text
-            self._family_text = seen
-            self._cached = (key, chunks)
-            self.stats = RenderStats(time.perf_counter() - t0, sum(map(len, chunks)), len(fams), rendered, False)
-            return chunks
+                text.append(_header(fam.metric, openmetrics))
+                segments.append(Segment.of("".join(text).encode()))
+                text = []
+                segments.append(kept[fam.metric.name][2])
+            families, rendered = len(fams), len(stale)
+            if openmetrics:
+                text.append("# EOF\n")
+            if text:
+                segments.append(Segment.of("".join(text).encode()))
+            out = Exposition(tuple(segments), OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)
+            outputs[(openmetrics, sel)] = out
+            self.stats = RenderStats(time.perf_counter() - t0, out.size, out.gzip_size, families, rendered, False)
+            if rendered:
+                _trim()
+            return out
+
+
+_POOL = ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1), thread_name_prefix="metrics-render")
+"""Renders and compresses stale vector families side by side."""
+
+def _load_trim() -> Callable[[], object] | None:
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return lambda: trim(0)
+
+
+_MALLOC_TRIM = _load_trim()
+
+
+def _trim() -> None:
+    """Give the heap's free pages back to the system after a render: glibc keeps the high-water mark
+    of the render's temporaries (in each thread's arena) resident otherwise."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM()
+
+
+_Kept = tuple[_Rows, bytes, Segment]
+"""A vector family's compressed sample lines for one shard: (its rows, digest of its values, segment)."""
+
+
+def _digest(values: npt.NDArray[Any]) -> bytes:
+    v = np.ascontiguousarray(values)
+    h = hashlib.blake2b(v.data.cast("B"), digest_size=16)
+    h.update(v.dtype.str.encode())
+    return h.digest()
+
+
+def _kept_current(kept: dict[str, _Kept], fam: _Vector) -> bool:
+    """Whether ``kept`` holds this family's lines with these rows and values."""
+    old = kept.get(fam.metric.name)
+    return old is not None and old[0] is fam.rows and old[1] == _digest(fam.values)
+
+
+def _vector_entry(fam: _Vector, shard: tuple[int, int] | None) -> _Kept:
+    """The family's sample lines of the shard, rendered and compressed."""
+    rows, values = fam.rows, np.asarray(fam.values)
+    idx = rows.in_shard(shard)
+    if idx is not None:
+        rows, values = rows.subset(idx), values[idx]
+    step = _ROWS_PER_PIECE
+    pieces = (_body(fam.metric.name, rows.window(i, i + step), values[i : i + step]) for i in range(0, len(rows), step))
+    return fam.rows, _digest(fam.values), Segment.of_pieces(pieces)
+
+
+_ROWS_PER_PIECE = 8192
+"""Rows rendered at a time: the temporaries of a family stay near a megabyte."""
 
 
 def _same_key(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
@@ -962,17 +1385,9 @@ def _same_key(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     )
 
 
-def render_metrics(inputs: MetricsInputs) -> bytes:
+def render_metrics(inputs: MetricsInputs, openmetrics: bool = False, selection: Selection = EVERYTHING) -> bytes:
     """One-shot exposition text for ``inputs`` (no cache kept; a server keeps a :class:`MetricsRenderer`)."""
-    return MetricsRenderer(lambda: inputs).render()
-
-
-def gzip_chunks(chunks: Sequence[Chunk]) -> bytes:
-    """The exposition gzipped (level 1, one gzip member), from its chunks without joining them."""
-    z = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: a gzip member
-    out = [z.compress(c) for c in chunks]
-    out.append(z.flush())
-    return b"".join(out)
+    return MetricsRenderer(lambda: inputs).exposition(openmetrics, selection).text()
 
 
 def accepts_gzip(header: str) -> bool:
@@ -994,30 +1409,79 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
-def metrics_handler(renderer: MetricsRenderer) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """An aiohttp handler for ``GET /metrics``: cached text, rendered off the event loop when stale; gzipped
-    (and that kept) when the scraper asks for it, as client_python and node_exporter do."""
+class MetricsHandler:
+    """The aiohttp handler for ``GET /metrics``, negotiating as client_python does: OpenMetrics 1.0 when
+    ``Accept`` names it, the text format 0.0.4 otherwise; gzip when ``Accept-Encoding`` takes it (the
+    kept segments as they are), the text inflated on the way otherwise. ``collect[]`` and ``shard``
+    select (:class:`Selection`); a bad one is a 400 ``{error, detail, parameter}``.
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if accepts_gzip(request.headers.get("Accept-Encoding", "")):
-            body = await renderer.render_gzip_async()
-            resp = web.StreamResponse(
-                headers={"Content-Type": CONTENT_TYPE, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+    :meth:`prewarm` (an aiohttp ``cleanup_ctx`` entry; ``create_app`` adds it for a handler whose
+    ``__self__`` has one) renders, as soon as the
+    inputs change (a counter sweep, a heavy sweep), every output scraped in the last ``keep`` seconds:
+    a scrape then finds its output made and costs only the transfer.
+    """
+
+    def __init__(self, renderer: MetricsRenderer, *, interval: float = 0.5, keep: float = 600.0) -> None:
+        self.renderer = renderer
+        self.interval = interval
+        self.keep = keep
+        self._scraped: dict[tuple[bool, Selection], float] = {}
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            sel = Selection.parse(request.query.items())
+        except SelectionError as e:
+            return web.json_response(
+                {"error": "bad_parameter", "detail": e.detail, "parameter": e.parameter}, status=400
             )
-            resp.content_length = len(body)
+        om = accepts_openmetrics(request.headers.get("Accept", ""))
+        self._scraped[(om, sel)] = time.monotonic()
+        out = await self.renderer.exposition_async(om, sel)
+        headers = {"Content-Type": out.content_type, "Vary": "Accept, Accept-Encoding"}
+        gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        if gz:
+            headers["Content-Encoding"] = "gzip"
+        resp = web.StreamResponse(headers=headers)
+        resp.content_length = out.gzip_size if gz else out.size
+        try:
             await resp.prepare(request)
             if request.method != "HEAD":
-                await resp.write(body)
+                if gz:
+                    for chunk in out.gzip_chunks():
+                        await resp.write(chunk)
+                else:
+                    for seg in out.segments:  # inflated off the loop when large
+                        text = seg.text() if seg.size < 1 << 20 else await asyncio.to_thread(seg.text)
+                        await resp.write(text)
             await resp.write_eof()
-            return resp
-        chunks = await renderer.render_async()
-        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"})
-        resp.content_length = sum(map(len, chunks))
-        await resp.prepare(request)
-        if request.method != "HEAD":
-            for chunk in chunks:
-                await resp.write(chunk)
-        await resp.write_eof()
+        except ConnectionResetError:  # the scraper gave up (its timeout) or went away: nothing to answer
+            log.debug("metrics: %s closed the connection before the answer was sent", request.remote)
         return resp
 
-    return handle
+    async def prewarm(self, app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx``: the pre-rendering task for the app's lifetime."""
+        task = asyncio.create_task(self._prewarm_loop(), name="metrics-prewarm")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _prewarm_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            now = time.monotonic()
+            for want, at in list(self._scraped.items()):
+                if now - at > self.keep:
+                    self._scraped.pop(want, None)
+                    continue
+                try:
+                    await self.renderer.exposition_async(*want)
+                except Exception:  # a scrape would report it; keep the loop
+                    log.exception("metrics: pre-rendering %s failed", want)
+                    await asyncio.sleep(10 * self.interval)
+
+
+def metrics_handler(renderer: MetricsRenderer) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The ``GET /metrics`` handler over ``renderer``: :meth:`MetricsHandler.handle` of a new handler (its
+    ``__self__``, whose :meth:`~MetricsHandler.prewarm` ``create_app`` runs)."""
+    return MetricsHandler(renderer).handle

@@ -206,12 +206,31 @@ def test_provisioning_points_at_the_generated_dashboards() -> None:
         assert dsvar["current"]["value"] == DATASOURCE_UID
 
 
-def test_scrape_config_is_valid() -> None:
+@pytest.mark.parametrize("name", ["prometheus.yml", "prometheus-shards.yml"])
+def test_scrape_config_is_valid(name: str) -> None:
     promtool = need_tool("promtool")
     res = subprocess.run(
-        [promtool, "check", "config", str(DASHBOARDS / "prometheus.yml")], capture_output=True, text=True, timeout=60
+        [promtool, "check", "config", str(DASHBOARDS / name)], capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_shard_config_covers_every_shard_once() -> None:
+    text = (DASHBOARDS / "prometheus-shards.yml").read_text()
+    shards = re.findall(r'shard: \["(\d+)/(\d+)"\]', text)
+    n = {int(b) for _, b in shards}
+    assert len(n) == 1 and sorted(int(a) for a, _ in shards) == list(range(n.pop()))
+
+
+def test_per_port_panels_name_ports_through_the_info_series() -> None:
+    """Per-port series carry only guid and port: a legend or table naming ports must join ibfm_port_info."""
+    port_metrics = {m.name for m in M.PORT_COUNTERS + M.PORT_INFO_GAUGES + M.PORT_PREDICTED}
+    for name, d in dashboards_json().items():
+        for p in panels(d):
+            for t in p.get("targets", []):
+                expr, legend = t["expr"], t.get("legendFormat") or ""
+                if any(w in port_metrics for w in _IDENT.findall(expr)) and ("{{name}}" in legend or t["instant"]):
+                    assert "group_left(" in expr and M.PORT_INFO.name in expr, (name, p["title"], expr)
 
 
 # -- a real Prometheus ---------------------------------------------------------------------------------------------

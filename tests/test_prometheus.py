@@ -1,4 +1,5 @@
-"""The Prometheus exporter on an emulated fabric with a real PerfManager: names, labels, values, caching."""
+"""The Prometheus exporter on an emulated fabric with a real PerfManager: names, labels, values, caching,
+OpenMetrics, gzip, and the selection of groups and shards."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gzip
 import logging
 import re
 import subprocess
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,22 +19,30 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import metrics as M
 from exporters.metrics import MetricType
 from exporters.prometheus import (
     CONTENT_TYPE,
+    OPENMETRICS_CONTENT_TYPE,
     FabricCollector,
     MetricsError,
     MetricsInputs,
     MetricsRenderer,
     PortPrediction,
+    Segment,
+    Selection,
+    SelectionError,
     SmFigures,
     SweepStats,
     accepts_gzip,
+    accepts_openmetrics,
+    crc32_combine,
     metrics_handler,
     render_metrics,
+    shard_hash,
 )
 from fabric.emulator import ConstantTraffic, Counter, EmulatedFabric
 from fabric.generate import fattree
@@ -93,10 +103,11 @@ def rig() -> Rig:
     return make_rig(fattree(2, 4))
 
 
-def parse(text: bytes | str) -> Samples:
+def parse(text: bytes | str, openmetrics: bool = False) -> Samples:
+    """Samples by (name, labels), through prometheus_client's parser of the format (OpenMetrics' is strict)."""
     s = text.decode() if isinstance(text, bytes) else text
     out: Samples = {}
-    for fam in text_string_to_metric_families(s):
+    for fam in (openmetrics_families if openmetrics else text_string_to_metric_families)(s):
         for smp in fam.samples:
             key = (smp.name, frozenset(smp.labels.items()))
             assert key not in out, f"duplicate series {key}"
@@ -109,17 +120,36 @@ def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], floa
 
 
 def port_key(f: Fabric, node: int, port: int) -> frozenset[tuple[str, str]]:
+    """The labels of a per-port series: only what identifies the port."""
+    return frozenset({"guid": f"0x{int(f.node_guid[node]):016x}", "port": str(port)}.items())
+
+
+def info_key(f: Fabric, node: int, port: int, role: str) -> frozenset[tuple[str, str]]:
+    """The labels of the port's ibfm_port_info series."""
     m, q = int(f.peer_node[node, port]), int(f.peer_port[node, port])
     return frozenset(
         {
             "guid": f"0x{int(f.node_guid[node]):016x}",
-            "name": f.names[node],
             "port": str(port),
+            "name": f.names[node],
             "remote_guid": f"0x{int(f.node_guid[m]):016x}" if m >= 0 else "",
             "remote_name": f.names[m] if m >= 0 else "",
             "remote_port": str(q) if m >= 0 else "",
+            "role": role,
         }.items()
     )
+
+
+def role_of(f: Fabric, node: int, port: int) -> str:
+    """The link role as the fat-tree's names tell it (host-*, leaf-*, spine-* or agg-*, core-*)."""
+    m = int(f.peer_node[node, port])
+    if m < 0:
+        return "none"
+    tier = {"host": -1, "leaf": 0, "spine": 1, "agg": 1, "core": 2}
+    a, b = tier[f.names[node].split("-")[0]], tier[f.names[m].split("-")[0]]
+    if a < 0 or b < 0:
+        return "host"
+    return "up" if b > a else "down" if b < a else "peer"
 
 
 def exported_ports(f: Fabric) -> set[tuple[int, int]]:
@@ -174,6 +204,11 @@ def test_every_family_is_there_with_its_labels(rig: Rig) -> None:
         assert fam.type == m.type.value
         got = {frozenset(s.labels.items()) for s in fam.samples}
         assert got == keys, m.name
+    info = fams[M.PORT_INFO.family]
+    assert {frozenset(s.labels.items()) for s in info.samples} == {
+        info_key(f, n, p, role_of(f, n, p)) for n, p in ports
+    }
+    assert {s.value for s in info.samples} == {1}
     for m in M.DEVICE_METRICS:
         assert len(fams[m.family].samples) == f.n_nodes
         assert {tuple(sorted(s.labels)) for s in fams[m.family].samples} == {tuple(sorted(M.DEVICE_LABELS))}
@@ -264,9 +299,10 @@ def test_a_vanished_port_leaves_no_stale_series(rig: Rig) -> None:
         assert set(series(after, m.name)) == want, m.name
     assert len(series(after, "ibfm_device_up")) == f2.n_nodes == rig.snap.fabric.n_nodes
     # the leaf port that faced the host is still there, without a cable
-    leaf_side = [k for k in series(after, "ibfm_port_state") if ("remote_guid", "") in k]
-    assert len(leaf_side) == 1
-    assert after[("ibfm_port_state", leaf_side[0])] == PortState.DOWN
+    leaf_side = [dict(k) for k in series(after, "ibfm_port_info") if ("remote_guid", "") in k]
+    assert len(leaf_side) == 1 and leaf_side[0]["role"] == "none"
+    key = frozenset({"guid": leaf_side[0]["guid"], "port": leaf_side[0]["port"]}.items())
+    assert after[("ibfm_port_state", key)] == PortState.DOWN
 
 
 def test_counters_map_by_guid_while_the_perfmanager_is_on_the_old_snapshot(rig: Rig) -> None:
@@ -308,11 +344,12 @@ def test_label_values_are_escaped() -> None:
     h = b.add_node(NodeType.CA, 1, "h", desc="host %d")
     b.connect(sw, 1, h, 1)
     rig = make_rig(b.build())
-    s = parse(render_metrics(rig.inputs()))
-    names = {dict(k)["name"] for k in series(s, "ibfm_port_state")}
-    assert names == {'switch "A" \\ 100%s', "host %d"}
-    remote = {dict(k)["remote_name"] for k in series(s, "ibfm_port_state")}
-    assert remote == {'switch "A" \\ 100%s', "host %d", ""}
+    for om in (False, True):
+        s = parse(render_metrics(rig.inputs(), om), om)
+        names = {dict(k)["name"] for k in series(s, "ibfm_port_info")}
+        assert names == {'switch "A" \\ 100%s', "host %d"}
+        remote = {dict(k)["remote_name"] for k in series(s, "ibfm_port_info")}
+        assert remote == {'switch "A" \\ 100%s', "host %d", ""}
 
 
 def test_promtool_accepts_the_output(rig: Rig) -> None:
@@ -389,16 +426,20 @@ def test_sweep_stats_histogram() -> None:
 
 def test_render_is_cached_per_counter_sweep(rig: Rig) -> None:
     r = MetricsRenderer(rig.inputs)
-    first = r.render_chunks()
+    first = r.exposition()
     vectors = r.stats.families_rendered
     assert vectors >= len(M.PORT_COUNTERS) + len(M.PORT_INFO_GAUGES)
-    assert r.render_chunks() is first and r.stats.cached
+    assert r.exposition() is first and r.stats.cached
+    # OpenMetrics of the same inputs: only the headers are new, every family's lines are reused
+    om = r.exposition(True)
+    assert om is not first and r.stats.families_rendered == 0
+    assert {s.data for s in om.segments} >= {s.data for s in first.segments if s.size > 10_000}
     rig.counter_sweep()
-    third = r.render_chunks()
+    third = r.exposition()
     assert third is not first and not r.stats.cached
     # only the families whose values moved were rendered again (data, packets, XmitWait)
     assert 0 < r.stats.families_rendered < vectors
-    assert parse(b"".join(third)) == parse(render_metrics(rig.inputs()))
+    assert parse(third.text()) == parse(render_metrics(rig.inputs()))
 
 
 def test_a_new_snapshot_with_the_same_cables_shows_its_own_states(rig: Rig) -> None:
@@ -437,6 +478,7 @@ async def test_metrics_handler_serves_the_text(rig: Rig) -> None:
         resp = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
         assert resp.status == 200
         assert resp.headers["Content-Type"] == CONTENT_TYPE and "Content-Encoding" not in resp.headers
+        assert resp.headers["Vary"] == "Accept, Accept-Encoding"
         body = await resp.read()
         assert int(resp.headers["Content-Length"]) == len(body)
         assert parse(body) == parse(r.render())
@@ -452,17 +494,16 @@ async def test_metrics_gzipped_when_asked_and_kept_until_the_output_changes(rig:
         # as Prometheus asks; auto_decompress off to see the bytes on the wire
         resp = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
         assert resp.status == 200 and resp.headers["Content-Encoding"] == "gzip"
-        assert resp.headers["Vary"] == "Accept-Encoding"
+        assert resp.headers["Vary"] == "Accept, Accept-Encoding"
         wire = await resp.read()
         assert int(resp.headers["Content-Length"]) == len(wire)
         text = gzip.decompress(wire)
         assert parse(text) == parse(r.render()) and len(wire) < len(text) / 3
         again = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
         assert await again.read() == wire
-        kept = r._gzipped
-        assert kept is not None
+        kept = r.exposition()
         await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
-        assert r._gzipped is kept  # the same output: compressed once
+        assert r.exposition() is kept and r.stats.cached  # the same output: compressed once
         for refused in ("gzip;q=0", "br", "identity", ""):
             resp = await client.get("/metrics", headers={"Accept-Encoding": refused}, auto_decompress=False)
             assert "Content-Encoding" not in resp.headers, refused
@@ -500,9 +541,9 @@ def test_value_text_round_trips() -> None:
         np.zeros(0, np.uint64),
     ]
     for vals in cases:
-        field = _value_field(vals)
-        assert field.shape[0] == vals.size
-        texts = [bytes(row).decode() for row in field]
+        field, lens = _value_field(vals)
+        assert field.shape[0] == vals.size == lens.size
+        texts = [" " * (row.size - k) + bytes(row[row.size - k :]).decode() for row, k in zip(field, lens, strict=True)]
         for t, v in zip(texts, vals.tolist(), strict=True):
             assert t == t.rstrip() and t.strip() and " " not in t.strip(), repr(t)
             if isinstance(v, bool | int):
@@ -510,8 +551,197 @@ def test_value_text_round_trips() -> None:
             else:
                 got = float(t)
                 assert got == v or (np.isnan(got) and np.isnan(v)), (t, v)
-    assert [bytes(r).decode().strip() for r in _value_field(np.array([np.nan, np.inf, -np.inf]))] == [
+    assert [bytes(r).decode().strip() for r in _value_field(np.array([np.nan, np.inf, -np.inf]))[0]] == [
         "NaN",
         "+Inf",
         "-Inf",
     ]
+
+
+# -- OpenMetrics -----------------------------------------------------------------------------------------------
+
+
+def test_openmetrics_output_passes_the_strict_parser(rig: Rig) -> None:
+    f = rig.snap.fabric
+    pred = PortPrediction(f, np.full(f.port_exists.shape, np.nan), np.full(f.port_exists.shape, np.inf))
+    inputs = rig.inputs(prediction=pred)
+    om = render_metrics(inputs, openmetrics=True)
+    assert om.endswith(b"# EOF\n") and om.count(b"# EOF") == 1
+    fams = {fam.name: fam for fam in openmetrics_families(om.decode())}
+    assert set(fams) == {m.family for m in M.ALL}
+    for m in M.ALL:
+        assert fams[m.family].type == m.type.value and fams[m.family].unit == m.unit, m.name
+    assert fams["ibfm_port_transmit_data_bytes"].unit == "bytes"
+    assert {s.name for s in fams["ibfm_port_transmit_data_bytes"].samples} == {"ibfm_port_transmit_data_bytes_total"}
+    assert b"# UNIT ibfm_port_rate_bytes_per_second bytes_per_second\n" in om
+    # the same samples as the text format, and no padding: one blank between labels and value
+    assert parse(om, True).keys() == parse(render_metrics(inputs)).keys()
+    for line in om.splitlines():
+        if not line.startswith(b"#"):
+            assert b"  " not in line and line.count(b"} ") <= 1, line
+
+
+def test_promtool_accepts_every_shard_and_group(rig: Rig) -> None:
+    promtool = need_tool("promtool")
+    r = MetricsRenderer(rig.inputs)
+    for sel in (Selection(shard=(1, 3)), Selection(frozenset({"port_info", "port_traffic"}))):
+        out = r.exposition(False, sel).text()
+        res = subprocess.run([promtool, "check", "metrics"], input=out, capture_output=True, timeout=60)
+        assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
+        parse(r.exposition(True, sel).text(), True)
+
+
+def test_accepts_openmetrics() -> None:
+    prometheus = (
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+        "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    )
+    assert accepts_openmetrics(prometheus) and accepts_openmetrics("application/openmetrics-text; version=1.0.0")
+    assert accepts_openmetrics("text/plain, Application/OpenMetrics-Text")
+    assert not accepts_openmetrics("") and not accepts_openmetrics("text/plain;version=0.0.4")
+    assert not accepts_openmetrics("application/openmetrics-text;q=0")
+
+
+def test_segments_make_one_gzip_stream() -> None:
+    rng = np.random.default_rng(3)
+    parts = [rng.integers(48, 58, n).astype(np.uint8).tobytes() for n in (0, 1, 7, 70_000, 3, 1 << 17)]
+    segs = [Segment.of(p) for p in parts]
+    crc = 0
+    for p in parts:
+        crc = crc32_combine(crc, zlib.crc32(p), len(p))
+    assert crc == zlib.crc32(b"".join(parts))
+    from exporters.prometheus import Exposition
+
+    out = Exposition(tuple(segs), CONTENT_TYPE)
+    assert gzip.decompress(b"".join(out.gzip_chunks())) == b"".join(parts) == out.text()
+    assert out.gzip_size == sum(map(len, out.gzip_chunks()))
+
+
+async def test_handler_negotiates_openmetrics_and_gzip(rig: Rig) -> None:
+    r = MetricsRenderer(rig.inputs)
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(r))
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    async with TestClient(TestServer(app)) as client:
+        for gz in (True, False):
+            enc = "gzip" if gz else "identity"
+            resp = await client.get(
+                "/metrics", headers={"Accept": accept, "Accept-Encoding": enc}, auto_decompress=False
+            )
+            assert resp.status == 200 and resp.headers["Content-Type"] == OPENMETRICS_CONTENT_TYPE
+            wire = await resp.read()
+            assert int(resp.headers["Content-Length"]) == len(wire)
+            body = gzip.decompress(wire) if gz else wire
+            assert body.endswith(b"# EOF\n") and parse(body, True) == parse(r.render())
+
+
+# -- selection: groups and shards ---------------------------------------------------------------------------------
+
+
+def test_every_family_is_in_one_group() -> None:
+    grouped = [m.name for ms in M.GROUPS.values() for m in ms]
+    assert sorted(grouped) == sorted(m.name for m in M.ALL)
+    assert set(M.GROUPS) >= M.FABRIC_WIDE_GROUPS
+
+
+def test_collect_selects_groups(rig: Rig) -> None:
+    r = MetricsRenderer(rig.inputs)
+    s = parse(r.exposition(True, Selection.parse([("collect[]", "port_info"), ("collect[]", "subnet")])).text(), True)
+    names = {n for n, _ in s}
+    assert "ibfm_port_info" in names and "ibfm_subnet_up" in names
+    allowed = {x for m in M.GROUPS["port_info"] + M.GROUPS["subnet"] for x in m.samples}
+    assert names <= allowed
+
+
+def test_bad_selections_are_refused() -> None:
+    for query, param, words in (
+        ([("collect[]", "ports")], "collect[]", "unknown metric group 'ports'"),
+        ([("shard", "3/3")], "shard", "0 <= i < n"),
+        ([("shard", "1")], "shard", "i/n"),
+        ([("shard", "0/0")], "shard", "i/n"),
+        ([("shard", "0/99999")], "shard", "i/n"),
+        ([("shard", "0/2"), ("shard", "1/2")], "shard", "more than once"),
+        ([("collect", "subnet")], "collect", "unknown query parameter"),
+    ):
+        with pytest.raises(SelectionError, match=re.escape(words)) as e:
+            Selection.parse(query)
+        assert e.value.parameter == param
+    assert Selection.parse([("shard", "0/1")]) == Selection()
+
+
+async def test_handler_answers_400_for_a_bad_selection(rig: Rig) -> None:
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(MetricsRenderer(rig.inputs)))
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/metrics?collect[]=nope")
+        assert resp.status == 400
+        body = await resp.json()
+        assert body["parameter"] == "collect[]" and "port_traffic" in body["detail"]
+        resp = await client.get("/metrics?shard=2/2")
+        assert resp.status == 400 and (await resp.json())["parameter"] == "shard"
+        resp = await client.get("/metrics?shard=1/2&collect[]=port_errors")
+        assert resp.status == 200
+
+
+def test_shards_split_the_rows_and_keep_ca_ports_with_their_switch() -> None:
+    rig = make_rig(fattree(3, 4))
+    f = rig.snap.fabric
+    r = MetricsRenderer(rig.inputs)
+    whole = parse(r.render())
+    n = 3
+    parts = [parse(r.exposition(False, Selection(shard=(i, n))).text()) for i in range(n)]
+    union: Samples = {}
+    for i, part in enumerate(parts):
+        assert not union.keys() & part.keys()
+        union.update(part)
+        assert (("ibfm_subnet_up", frozenset()) in part) == (i == 0)  # fabric-wide families: shard 0 only
+    assert union == whole
+    shard = (shard_hash(f.node_guid) % np.uint64(n)).astype(int)
+    for i, part in enumerate(parts):
+        for labels in series(part, "ibfm_port_state"):
+            node = f.by_guid(int(dict(labels)["guid"], 16))
+            port = int(dict(labels)["port"])
+            owner = node if f.node_type[node] == NodeType.SWITCH else int(f.peer_node[node, port])
+            assert shard[owner] == i
+    # stable across sweeps: a new snapshot of the same GUIDs puts every series in the same shard
+    rig.heavy_sweep()
+    rig.pm.bind(rig.snap)
+    rig.counter_sweep()
+    again = parse(MetricsRenderer(rig.inputs).exposition(False, Selection(shard=(1, n))).text())
+    assert {k for k in again if k[0] == "ibfm_port_info"} == {k for k in parts[1] if k[0] == "ibfm_port_info"}
+
+
+def test_link_roles_on_a_three_level_tree() -> None:
+    rig = make_rig(fattree(3, 4))
+    f = rig.snap.fabric
+    s = parse(render_metrics(rig.inputs()))
+    info = series(s, "ibfm_port_info")
+    assert set(info) == {info_key(f, n, p, role_of(f, n, p)) for n, p in exported_ports(f)}
+    roles = [dict(k)["role"] for k in info]
+    assert {x: roles.count(x) for x in set(roles)} == {"host": 2 * 16, "up": 32, "down": 32}
+
+
+async def test_outputs_scraped_lately_are_rendered_when_the_inputs_change(rig: Rig) -> None:
+    from exporters.prometheus import MetricsHandler
+
+    r = MetricsRenderer(rig.inputs)
+    handler = MetricsHandler(r, interval=0.05)
+    app = web.Application()
+    app.router.add_get("/metrics", handler.handle)
+    app.cleanup_ctx.append(handler.prewarm)
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/metrics?shard=1/2")).status == 200
+        before = r.exposition(False, Selection(shard=(1, 2)))
+        rig.emu.advance(1.0)
+        await rig.pm.sweep()  # new counters: the handler renders shard 1/2 again without being asked
+        want = (False, Selection(shard=(1, 2)))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            cur = r._current
+            if cur is not None and cur[1].get(want) not in (None, before):
+                break
+        else:
+            raise AssertionError("not rendered ahead of the scrape")
+        rendered = cur[1][want]
+        resp = await client.get("/metrics?shard=1/2")
+        assert resp.status == 200 and r._current is cur and cur[1][want] is rendered  # served as made

@@ -76,4 +76,8 @@ def create_app(
         app.add_routes(table)
     if metrics is not None:
         app.router.add_get("/metrics", metrics)
+        # exporters.prometheus.MetricsHandler.handle: its handler renders outputs ahead of the scrapes
+        prewarm = getattr(getattr(metrics, "__self__", None), "prewarm", None)
+        if prewarm is not None:
+            app.cleanup_ctx.append(prewarm)
     return app
