@@ -175,3 +175,87 @@ def test_cycle_core_and_tarjan_match_networkx(seed: int) -> None:
         adj.setdefault(a, []).append(b)
     mine = {frozenset(c) for c in _tarjan(list(range(n)), adj)}
     assert mine == {frozenset(c) for c in nx.strongly_connected_components(ref)}
+
+
+# -- per (link, VL) ------------------------------------------------------------------------------------
+
+
+def brute_vl_dependencies(
+    f: Fabric, lids: LidMap, lft: Lft, layers: np.ndarray, from_cas: bool
+) -> set[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """((node, port, VL), (node, port, VL)) turns of every route, each on the VL its source row's layer gives."""
+    sw = f.switches.tolist()
+    swset = set(sw)
+    deps = set()
+    for row, s in enumerate(sw):
+        if from_cas and not f.cas_under(s):
+            continue
+        for lid in lids.used().tolist():
+            vl = int(layers[row, lid])
+            try:
+                hops = trace_route(f, lids, lft, s, 0, lid)
+            except TraceError as e:
+                hops = e.hops
+            chans = [
+                (h.node, h.out_port, vl)
+                for h in hops
+                if h.node in swset
+                and 0 < h.out_port <= f.nports[h.node]
+                and int(f.peer_node[h.node, h.out_port]) in swset
+            ]
+            for a, b in itertools.pairwise(chans):
+                if int(f.peer_node[a[0], a[1]]) == b[0]:
+                    deps.add((a, b))
+    return deps
+
+
+@pytest.mark.parametrize("from_cas", [False, True])
+def test_per_vl_dependencies_match_traced_routes(from_cas: bool) -> None:
+    f = torus([3, 4], 1)
+    lids = sequential_lids(f)
+    lft = make_engine("minhop").compute(f, lids)
+    rng = np.random.default_rng(3)
+    layers = rng.integers(0, 3, lft.shape).astype(np.uint8)
+    g = channel_dependency_graph(f, lids, lft, layers=layers, from_cas=from_cas)
+    assert g.vl is not None
+    got = {
+        ((int(g.node[a]), int(g.port[a]), g.vl_of(a)), (int(g.node[b]), int(g.port[b]), g.vl_of(b)))
+        for a, b in zip(g.src.tolist(), g.dst.tolist(), strict=True)
+    }
+    assert got == brute_vl_dependencies(f, lids, lft, layers, from_cas)
+    assert all(a[2] == b[2] for a, b in got), "a dependency stays on its VL"
+
+
+def test_a_ring_loop_on_one_vl_is_gone_on_two_and_named_by_vl() -> None:
+    from sm.routing.layered import assign_layers
+
+    f = ring(6, 1)
+    lids = sequential_lids(f)
+    lft = make_engine("minhop").compute(f, lids)
+    assert find_credit_loops(f, lids, lft)
+    assert find_credit_loops(f, lids, lft, layers=None) == find_credit_loops(f, lids, lft)
+    layers = assign_layers(f, lids, lft, 8, from_cas=False)
+    assert int(layers.max()) == 1
+    assert find_credit_loops(f, lids, lft, layers=layers) == []
+    # Every route on SL 3: the same loops, now on VL 3.
+    loops = find_credit_loops(f, lids, lft, layers=np.full_like(lft, 3))
+    assert loops and all(lp.vl == 3 for lp in loops) and "on VL 3" in str(loops[0])
+    # An SL2VL map that folds SL 1 onto VL 0 brings the loop back on VL 0.
+    fold = list(range(16))
+    fold[1] = 0
+    back = find_credit_loops(f, lids, lft, layers=layers, sl2vl=fold)
+    assert back and {lp.vl for lp in back} == {0}
+    # SLs mapped to VL 15 carry no credits: no dependency at all.
+    assert channel_dependency_graph(f, lids, lft, layers=layers, sl2vl=[15] * 16).n_dependencies == 0
+
+
+def test_bad_layers_and_sl2vl_are_refused() -> None:
+    from fabric.errors import IbfmError
+
+    f = ring(4, 1)
+    lids = sequential_lids(f)
+    lft = make_engine("minhop").compute(f, lids)
+    with pytest.raises(IbfmError, match="layers shape"):
+        channel_dependency_graph(f, lids, lft, layers=np.zeros((1, 1), np.uint8))
+    with pytest.raises(IbfmError, match="16 entries"):
+        channel_dependency_graph(f, lids, lft, layers=np.zeros_like(lft), sl2vl=[0, 1])

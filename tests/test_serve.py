@@ -42,7 +42,7 @@ def test_defaults() -> None:
     assert s.listen == "127.0.0.1:9690" and (s.listen_host, s.listen_port) == ("127.0.0.1", 9690)
     assert s.fabric.transport == "emulated" and s.fabric.topology is None
     assert (s.fabric.fattree_levels, s.fabric.fattree_radix) == (2, 8)
-    assert s.sm.engine_chain == ("ftree", "updn", "minhop") and s.sm.lmc == 0
+    assert s.sm.engine_chain == ("ftree", "layered", "updn", "minhop") and s.sm.lmc == 0
     assert s.api.token is None and s.mqtt.enabled is False and s.log.format == "text"
 
 

@@ -14,7 +14,7 @@ from fabric.emulator import EmulatedFabric
 from fabric.generate import GenerateError, degrade, fattree, ring
 from fabric.model import Fabric, FabricBuilder, NodeType, PortState
 from sm.sweep.discover import discover
-from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot
+from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot, SweepError
 from sm.sweep.program import lft_block_diff
 from sm.transport.emulated import EmulatedTransport
 
@@ -142,10 +142,16 @@ def test_second_sweep_sends_nothing_new_and_keeps_lids(tmp_path: Path) -> None:
     assert g2l.exists()
 
 
-def test_minhop_on_a_ring_reports_a_credit_loop() -> None:
+def test_minhop_on_a_ring_is_lifted_onto_a_second_vl() -> None:
     _, snap = bring_up(ring(6, 1), SmConfig(engines=("minhop",)))
     assert snap.engine == "minhop"
-    assert snap.credit_loops
+    assert snap.layers is not None and int(snap.layers.max()) == 1  # its credit loop moved to VL 1
+    assert not snap.credit_loops  # counted per (link, VL)
+
+
+def test_minhop_on_a_ring_with_one_vl_is_refused_not_deployed() -> None:
+    with pytest.raises(SweepError, match="minhop"):
+        bring_up(ring(6, 1), SmConfig(engines=("minhop",), max_vls=1))
 
 
 def test_ftree_refuses_a_ring_and_the_chain_falls_back() -> None:

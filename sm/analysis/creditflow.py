@@ -10,11 +10,17 @@ loop: with the buffers along it full, no packet on it can move (Dally and
 Seitz). Links to and from CAs cannot be on a cycle (a CA does not forward)
 and are left out.
 
+Virtual lanes: each VL has its own buffers and credits, so a dependency
+only links two channels on the same VL. Given ``layers`` (the SL of every
+route by source switch row and LID, see :data:`sm.routing.base.Layers`) and
+an SL-to-VL map (identity by default, as the layering engines program it),
+the graph's vertices are (channel, VL) pairs and a route adds its turns on
+its own VL only. Without ``layers`` every route is on VL 0.
+
 Credit loops are found by peeling away channels with no dependency in or
 no dependency out (numpy rounds), then splitting what is left into strongly
 connected components (iterative Tarjan) and reporting a shortest cycle per
-component. Service levels and VLs are not modelled: all traffic shares one
-VL, the case ``ftree``, ``updn`` and ``minhop`` route for.
+component, with the VL it is on.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from fabric.errors import IbfmError
 from fabric.model import Fabric, NodeType
 from sm.analysis.verify import route_tables, switch_channels
 from sm.lidmap import LidMap
-from sm.routing.base import Lft
+from sm.routing.base import Layers, Lft
 
 _CELLS_PER_BLOCK = 1 << 21
 
@@ -54,9 +60,10 @@ class ChannelDependencyGraph:
     """Channels ``0..n-1`` and their dependencies as CSR arrays.
 
     Channel ``c`` leaves switch node ``node[c]`` on ``port[c]`` and enters
-    ``peer[c]`` on ``peer_port[c]``. Its dependencies are
+    ``peer[c]`` on ``peer_port[c]``, on VL ``vl[c]``. Its dependencies are
     ``dst[indptr[c]:indptr[c + 1]]``, each with ``lid``: one destination LID
-    whose route makes that turn.
+    whose route makes that turn. With one VL, channel ``c`` is the directed
+    link ``c``; with ``n_vls`` VLs, vertex ``v * n_links + c`` is link ``c`` on VL ``v``.
     """
 
     node: npt.NDArray[np.int64]
@@ -66,6 +73,11 @@ class ChannelDependencyGraph:
     indptr: npt.NDArray[np.int64]
     dst: npt.NDArray[np.int64]
     lid: npt.NDArray[np.int64]
+    vl: npt.NDArray[np.int64] | None = None
+    """VL of each vertex; None: all on VL 0."""
+
+    def vl_of(self, c: int) -> int:
+        return 0 if self.vl is None else int(self.vl[c])
 
     @property
     def n_channels(self) -> int:
@@ -89,8 +101,25 @@ class ChannelDependencyGraph:
         )
 
 
+def _sl_to_vl(sl2vl: npt.ArrayLike | None) -> npt.NDArray[np.int64]:
+    """An SL -> VL table of 16 entries (identity by default); VL 15 is not a data VL."""
+    if sl2vl is None:
+        return np.arange(16, dtype=np.int64)
+    t = np.asarray(sl2vl, np.int64).ravel()
+    if t.size != 16 or (t < 0).any() or (t > 15).any():
+        raise IbfmError(f"SL to VL map must have 16 entries in 0..15, got {t.tolist()}")
+    return t
+
+
 def channel_dependency_graph(
-    fabric: Fabric, lids: LidMap, lft: Lft, *, ca_only: bool = False, from_cas: bool = False
+    fabric: Fabric,
+    lids: LidMap,
+    lft: Lft,
+    *,
+    ca_only: bool = False,
+    from_cas: bool = False,
+    layers: Layers | None = None,
+    sl2vl: npt.ArrayLike | None = None,
 ) -> ChannelDependencyGraph:
     """Build the channel dependency graph of the LFTs (see the module docstring).
 
@@ -102,19 +131,31 @@ def channel_dependency_graph(
     traffic a switch sources itself is management on VL15, which has no
     credit flow control, so a dependency only switch-sourced routes make
     cannot deadlock. Routes from CAs to switch LIDs still count.
+
+    ``layers`` (``uint8[switch row, LID]``, the SL of the route entering at
+    that row) and ``sl2vl`` (16 VLs by SL, identity when None) put each
+    route's dependencies on its VL: the graph then has a vertex per
+    (channel, VL) for the VLs in use. Routes whose VL is 15 carry no credits
+    and are left out.
     """
     sw = fabric.switches
     n = sw.size
     if lft.shape != (n, lids.max_lid + 1):
         raise IbfmError(f"LFT shape {lft.shape} does not match {n} switches x {lids.max_lid + 1} LIDs")
+    if layers is not None and layers.shape != lft.shape:
+        raise IbfmError(f"layers shape {layers.shape} does not match the LFT's {lft.shape}")
     t = route_tables(fabric, lids, lft)
     chan_id, ch_row, ch_port = switch_channels(t)  # chan_id is indexed by any LFT entry value
     n_ch = int(ch_row.size)
     ch_peer_row = t.code[ch_row, ch_port].astype(np.int64)
     pmax = fabric.max_port + 1
-    # A dependency (c1 -> c2) is coded c1 * pmax + (port c2 leaves on); the switch is c1's peer.
-    seen = np.zeros(n_ch * pmax, np.bool_)
-    example = np.zeros(n_ch * pmax, np.int64)
+    vl_of_sl = _sl_to_vl(sl2vl)
+    vl_table = None if layers is None else vl_of_sl[layers]
+    vls = [0] if vl_table is None else sorted(set(np.unique(vl_table).tolist()) - {15})
+    # A dependency (c1 -> c2) on VL v is coded (v * n_ch + c1) * pmax + (port c2 leaves on).
+    n_vl = max(vls) + 1 if vls else 1
+    seen = np.zeros(n_vl * n_ch * pmax, np.bool_)
+    example = np.zeros(n_vl * n_ch * pmax, np.int64)
     n_lid = lids.max_lid + 1
     wanted = lids.owner_node >= 0
     if ca_only:
@@ -125,48 +166,61 @@ def channel_dependency_graph(
         up_all = fabric.up_mask()
         peer_is_ca = fabric.node_type[np.where(up_all, fabric.peer_node, 0)] == NodeType.CA
         injects = (peer_is_ca & up_all)[sw].any(axis=1)
+    else:
+        injects = np.ones(n, np.bool_)
     for lid0 in range(0, n_lid, b):
         lid1 = min(lid0 + b, n_lid)
-        c1 = chan_id[rows[:, None], lft[:, lid0:lid1]]
-        c1[:, ~wanted[lid0:lid1]] = -1
-        if from_cas:
-            # Switches that CA-sourced traffic to each LID passes: start at the leaves, follow the LFTs.
-            used = np.repeat(injects[:, None], lid1 - lid0, axis=1)
-            frontier = used.copy()
-            cols = np.arange(lid1 - lid0)
-            for _ in range(n):
-                r, j = np.nonzero(frontier & (c1 >= 0))
-                if r.size == 0:
-                    break
-                nxt = ch_peer_row[c1[r, j]]
-                fresh = ~used[nxt, cols[j]]
-                frontier = np.zeros_like(used)
-                frontier[nxt[fresh], cols[j][fresh]] = True
-                used[nxt[fresh], cols[j][fresh]] = True
-            c1[~used] = -1
-        r, j = np.nonzero(c1 >= 0)
-        c1 = c1[r, j]
-        lid = j + lid0
-        x = ch_peer_row[c1]
-        p2 = lft[x, lid].astype(np.int64)
-        turn = chan_id[x, p2] >= 0
-        code = c1[turn] * pmax + p2[turn]
-        seen[code] = True
-        example[code] = lid[turn]
+        c1_all = chan_id[rows[:, None], lft[:, lid0:lid1]]
+        c1_all[:, ~wanted[lid0:lid1]] = -1
+        for v in vls:
+            c1 = c1_all.copy()
+            start = np.repeat(injects[:, None], lid1 - lid0, axis=1)
+            if vl_table is not None:
+                start &= vl_table[:, lid0:lid1] == v
+            if from_cas or vl_table is not None:
+                # Switches the routes on VL v to each LID pass: start where they enter, follow the LFTs.
+                used = start.copy()
+                frontier = used.copy()
+                cols = np.arange(lid1 - lid0)
+                for _ in range(n):
+                    r, j = np.nonzero(frontier & (c1 >= 0))
+                    if r.size == 0:
+                        break
+                    nxt = ch_peer_row[c1[r, j]]
+                    fresh = ~used[nxt, cols[j]]
+                    frontier = np.zeros_like(used)
+                    frontier[nxt[fresh], cols[j][fresh]] = True
+                    used[nxt[fresh], cols[j][fresh]] = True
+                # Every route on VL v that passes x turns at the next switch on VL v.
+                c1[~used] = -1
+            r, j = np.nonzero(c1 >= 0)
+            c1v = c1[r, j]
+            lid = j + lid0
+            x = ch_peer_row[c1v]
+            p2 = lft[x, lid].astype(np.int64)
+            turn = chan_id[x, p2] >= 0
+            code = (v * n_ch + c1v[turn]) * pmax + p2[turn]
+            seen[code] = True
+            example[code] = lid[turn]
     codes = np.flatnonzero(seen)
-    c1 = codes // pmax
-    dst = chan_id[ch_peer_row[c1], codes % pmax]
-    indptr = np.zeros(n_ch + 1, np.int64)
-    np.cumsum(np.bincount(c1, minlength=n_ch), out=indptr[1:])
+    vc1 = codes // pmax
+    v_of = vc1 // max(n_ch, 1)
+    c1 = vc1 % max(n_ch, 1)
+    dst = v_of * n_ch + chan_id[ch_peer_row[c1], codes % pmax]
+    n_vert = n_vl * n_ch
+    indptr = np.zeros(n_vert + 1, np.int64)
+    np.cumsum(np.bincount(vc1, minlength=n_vert), out=indptr[1:])
     peer_port = fabric.peer_port[sw[ch_row], ch_port].astype(np.int64)
+    tile = np.tile
     return ChannelDependencyGraph(
-        sw[ch_row].astype(np.int64),
-        ch_port.astype(np.int64),
-        sw[ch_peer_row].astype(np.int64),
-        peer_port,
+        tile(sw[ch_row].astype(np.int64), n_vl),
+        tile(ch_port.astype(np.int64), n_vl),
+        tile(sw[ch_peer_row].astype(np.int64), n_vl),
+        tile(peer_port, n_vl),
         indptr,
         dst,
         example[codes],
+        None if vl_table is None else np.repeat(np.arange(n_vl, dtype=np.int64), n_ch),
     )
 
 
@@ -179,10 +233,12 @@ class CreditLoop:
 
     channels: tuple[Channel, ...]
     lids: tuple[int, ...]
+    vl: int = 0
+    """The VL whose buffers the loop holds (0 when routes use one VL)."""
 
     def __str__(self) -> str:
         hops = [f"{c.node}[{c.port}]" for c in self.channels]
-        return " -> ".join([*hops, hops[0]]) + f" (LIDs {', '.join(map(str, self.lids))})"
+        return " -> ".join([*hops, hops[0]]) + f" on VL {self.vl} (LIDs {', '.join(map(str, self.lids))})"
 
 
 def _peel(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
@@ -292,14 +348,25 @@ def find_credit_loops(
     ca_only: bool = False,
     from_cas: bool = False,
     graph: ChannelDependencyGraph | None = None,
+    layers: Layers | None = None,
+    sl2vl: npt.ArrayLike | None = None,
 ) -> list[CreditLoop]:
     """One shortest credit loop per cyclic strongly connected component, at most ``max_loops``.
 
-    An empty list means the routes are deadlock-free on one VL. ``ca_only``
-    and ``from_cas`` as for :func:`channel_dependency_graph`; pass ``graph``
-    to reuse a graph already built from the same LFTs (both are then ignored).
+    An empty list means the routes are deadlock-free: on one VL, or with
+    ``layers`` (the SL of every route, see :data:`sm.routing.base.Layers`)
+    and ``sl2vl`` (identity when None) on every VL they use; each loop names
+    its VL. ``ca_only`` and ``from_cas`` as for :func:`channel_dependency_graph`;
+    pass ``graph`` to reuse a graph already built from the same LFTs (the
+    other options are then ignored).
     """
-    g = graph if graph is not None else channel_dependency_graph(fabric, lids, lft, ca_only=ca_only, from_cas=from_cas)
+    g = (
+        graph
+        if graph is not None
+        else channel_dependency_graph(
+            fabric, lids, lft, ca_only=ca_only, from_cas=from_cas, layers=layers, sl2vl=sl2vl
+        )
+    )
     core = cycle_core(g)
     if not core.any() or max_loops <= 0:
         return []
@@ -318,7 +385,7 @@ def find_credit_loops(
         cyc = _shortest_cycle(min(comp), members, adj)
         chans = tuple(g.channel(fabric, c) for c in cyc)
         ls = tuple(turn_lid[(cyc[i], cyc[(i + 1) % len(cyc)])] for i in range(len(cyc)))
-        loops.append(CreditLoop(chans, ls))
+        loops.append(CreditLoop(chans, ls, g.vl_of(cyc[0])))
         if len(loops) >= max_loops:
             break
     return loops
