@@ -133,6 +133,7 @@ def sm_config(settings: Settings) -> SmConfig:
         partitions=load_partitions(s.partitions) if s.partitions is not None else None,
         part_enforce=s.part_enforce,
         **s.m_key_options(),
+        qos=s.qos_config(),
     )
 
 

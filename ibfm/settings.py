@@ -37,6 +37,14 @@ from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSett
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
 from fabric.errors import FormatError, IbfmError
+from sm.qos.config import (
+    PORT_TYPES,
+    QosConfig,
+    build_options,
+    load_qos_policy,
+    parse_sl2vl,
+    parse_vlarb,
+)
 from sm.routing.base import parse_chain
 
 ENV_PREFIX = "IBFM_"
@@ -191,8 +199,9 @@ class SmSettings(_Section):
     """The subnet manager: routing, LIDs, sweeps."""
 
     engines: str = Field(
-        "ftree,updn,minhop",
-        description="Routing engines tried in order, comma-separated (as OpenSM's `-R`): ftree, updn, minhop.",
+        "ftree,layered,updn,minhop",
+        description="Routing engines tried in order, comma-separated (as OpenSM's `-R`): ftree, layered, updn,"
+        " minhop. An engine whose routes would loop on more VLs than the links have counts as refusing.",
     )
     lmc: int = Field(0, ge=0, le=2, description="LID mask control: each end port gets 2^lmc LIDs (0..2).")
     guid2lid: Path | None = Field(
@@ -296,6 +305,102 @@ class SmSettings(_Section):
         "Written atomically when they change; a rewrite that drops or changes an entry keeps `NAME.bak`. Unset: "
         "`guid2mkey` beside `guid2lid` when that is set, else in memory (the keys are lost with the process).",
     )
+    qos: bool = Field(
+        False,
+        description="QoS (OpenSM's `qos`, `-Q`): set every port's SLtoVLMappingTable and VLArbitrationTable from "
+        "the `qos_*` settings, give paths the SL of their QoS level (the policy file, then the partition's `sl=`). "
+        "Off (OpenSM's default): the tables are left as the ports hold them and every path is SL 0, except that "
+        "a layered routing engine's SLs are always mapped SL k -> VL k. See docs/qos.md.",
+    )
+    qos_policy_file: Path | None = Field(
+        None,
+        description="QoS policy file, a subset of OpenSM's qos-policy.conf: port groups, QoS levels with an SL, "
+        "match rules by source and destination group and P_Key (docs/qos.md); read with `qos` on; unset: none.",
+    )
+    qos_max_vls: int = Field(
+        15, ge=1, le=15,
+        description="OpenSM's `qos_max_vls`: the most data VLs QoS may use. OpenSM sets no table from it; ibfm "
+        "caps with it the VLs (layers) a layered routing engine may use.",
+    )  # fmt: skip
+    qos_high_limit: int = Field(
+        0, ge=0, le=255,
+        description="OpenSM's `qos_high_limit`: PortInfo.VLHighLimit, the high-priority bytes (x 4 KB) sent before "
+        "a low-priority packet may go (IBA 7.6.9).",
+    )  # fmt: skip
+    qos_vlarb_high: str = Field(
+        "0:4,1:0,2:0,3:0,4:0,5:0,6:0,7:0,8:0,9:0,10:0,11:0,12:0,13:0,14:0",
+        description="OpenSM's `qos_vlarb_high`: the high-priority VL arbitration table, `VL:weight` pairs "
+        "(VL 0..14, weight 0..255, at most 64; the rest VL 0 weight 0).",
+    )
+    qos_vlarb_low: str = Field(
+        "0:0,1:4,2:4,3:4,4:4,5:4,6:4,7:4,8:4,9:4,10:4,11:4,12:4,13:4,14:4",
+        description="OpenSM's `qos_vlarb_low`: the low-priority VL arbitration table, as `qos_vlarb_high`.",
+    )
+    qos_sl2vl: str = Field(
+        "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,7",
+        description="OpenSM's `qos_sl2vl`: the VL of each of the 16 SLs, comma-separated (15 drops the SL); each "
+        "port keeps the VLs its operational VLs carry (VL AND 2^(OperationalVLs-1)-1, as OpenSM).",
+    )
+    qos_ca_max_vls: int | None = Field(
+        None, ge=1, le=15, description="`qos_max_vls` for CA ports; unset: `qos_max_vls`."
+    )
+    qos_ca_high_limit: int | None = Field(
+        None, ge=0, le=255, description="`qos_high_limit` for CA ports; unset: `qos_high_limit`."
+    )
+    qos_ca_vlarb_high: str | None = Field(
+        None, description="`qos_vlarb_high` for CA ports; unset: `qos_vlarb_high`."
+    )
+    qos_ca_vlarb_low: str | None = Field(
+        None, description="`qos_vlarb_low` for CA ports; unset: `qos_vlarb_low`."
+    )
+    qos_ca_sl2vl: str | None = Field(
+        None, description="`qos_sl2vl` for CA ports; unset: `qos_sl2vl`."
+    )
+    qos_swe_max_vls: int | None = Field(
+        None, ge=1, le=15, description="`qos_max_vls` for switch external ports; unset: `qos_max_vls`."
+    )
+    qos_swe_high_limit: int | None = Field(
+        None, ge=0, le=255, description="`qos_high_limit` for switch external ports; unset: `qos_high_limit`."
+    )
+    qos_swe_vlarb_high: str | None = Field(
+        None, description="`qos_vlarb_high` for switch external ports; unset: `qos_vlarb_high`."
+    )
+    qos_swe_vlarb_low: str | None = Field(
+        None, description="`qos_vlarb_low` for switch external ports; unset: `qos_vlarb_low`."
+    )
+    qos_swe_sl2vl: str | None = Field(
+        None, description="`qos_sl2vl` for switch external ports; unset: `qos_sl2vl`."
+    )
+    qos_sw0_max_vls: int | None = Field(
+        None, ge=1, le=15, description="`qos_max_vls` for switches' enhanced port 0; unset: `qos_max_vls`."
+    )
+    qos_sw0_high_limit: int | None = Field(
+        None, ge=0, le=255, description="`qos_high_limit` for switches' enhanced port 0; unset: `qos_high_limit`."
+    )
+    qos_sw0_vlarb_high: str | None = Field(
+        None, description="`qos_vlarb_high` for switches' enhanced port 0; unset: `qos_vlarb_high`."
+    )
+    qos_sw0_vlarb_low: str | None = Field(
+        None, description="`qos_vlarb_low` for switches' enhanced port 0; unset: `qos_vlarb_low`."
+    )
+    qos_sw0_sl2vl: str | None = Field(
+        None, description="`qos_sl2vl` for switches' enhanced port 0; unset: `qos_sl2vl`."
+    )
+    qos_rtr_max_vls: int | None = Field(
+        None, ge=1, le=15, description="`qos_max_vls` for router ports; unset: `qos_max_vls`."
+    )
+    qos_rtr_high_limit: int | None = Field(
+        None, ge=0, le=255, description="`qos_high_limit` for router ports; unset: `qos_high_limit`."
+    )
+    qos_rtr_vlarb_high: str | None = Field(
+        None, description="`qos_vlarb_high` for router ports; unset: `qos_vlarb_high`."
+    )
+    qos_rtr_vlarb_low: str | None = Field(
+        None, description="`qos_vlarb_low` for router ports; unset: `qos_vlarb_low`."
+    )
+    qos_rtr_sl2vl: str | None = Field(
+        None, description="`qos_sl2vl` for router ports; unset: `qos_sl2vl`."
+    )
 
     @field_validator("m_key", mode="before")
     @classmethod
@@ -316,6 +421,33 @@ class SmSettings(_Section):
             "m_key_lease": self.m_key_lease_period,
             "guid2mkey": self.guid2mkey,
         }
+
+    @field_validator(
+        "qos_vlarb_high", "qos_vlarb_low", *(f"qos_{t}_vlarb_{p}" for t in PORT_TYPES for p in ("high", "low"))
+    )
+    @classmethod
+    def _vlarb(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        parse_vlarb(v)
+        return v.strip()
+
+    @field_validator("qos_sl2vl", *(f"qos_{t}_sl2vl" for t in PORT_TYPES))
+    @classmethod
+    def _sl2vl(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        parse_sl2vl(v)
+        return v.strip()
+
+    def qos_config(self) -> QosConfig:
+        """The QoS part of the SM's configuration (``SmConfig.qos``); reads the policy file when QoS is on
+        (QosPolicyError, located, when it does not parse)."""
+        keys = ("max_vls", "high_limit", "vlarb_high", "vlarb_low", "sl2vl")
+        general = {k: getattr(self, f"qos_{k}") for k in keys}
+        per = {t: build_options(general, {k: getattr(self, f"qos_{t}_{k}") for k in keys}) for t in PORT_TYPES}
+        policy = load_qos_policy(self.qos_policy_file) if self.qos and self.qos_policy_file is not None else None
+        return QosConfig(self.qos, **per, policy=policy)
 
     @field_validator("engines", mode="before")
     @classmethod
@@ -524,6 +656,8 @@ FLAGS: dict[str, str] = {
     "sm.sweep_interval": "--sweep-interval",
     "sm.priority": "--sm-priority",
     "sm.partitions": "--partitions",
+    "sm.qos": "--qos",
+    "sm.qos_policy_file": "--qos-policy-file",
     "perfmgr.interval": "--perfmgr-interval",
     "log.level": "--log-level",
     "log.format": "--log-format",

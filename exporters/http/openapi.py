@@ -190,6 +190,9 @@ class RouteHop(_M):
     speed: str | None
     rate_gbps: float | None
     mtu: int | None
+    vl: int | None = Field(description="The VL the pair's packets leave on: their SL through the "
+                           "SLtoVLMappingTable ibfm set on this hop's (input, output) ports; null at the "
+                           "destination and where ibfm set none (QoS off: the port's own table decides).")
 
 
 class PathRecord(_M):
@@ -232,6 +235,9 @@ class RouteInfo(_M):
         "share none and cannot talk. Null: the snapshot has no partition plan."
     )
     partition_note: str | None = Field(description="Why the two ports cannot talk, when they share no partition.")
+    sl: int = Field(description="The SL the pair must send on (what the SA's PathRecord says): the routing "
+                    "engine's layer of the route, else the QoS level's (policy file, then the partition's sl=), "
+                    "else 0. Hosts that never ask the SA must be configured with it (docs/qos.md).")
 
 
 class LftEntry(_M):

@@ -9,6 +9,8 @@ from typing import Any
 from ibfm.settings import FLAGS, Settings, load_settings
 
 _REPEATABLE = {"sm.root_guids"}
+_SWITCHES = {"sm.qos"}
+"""Boolean settings whose flag takes no value (``--qos`` turns it on)."""
 
 
 def _help(dotted: str) -> str:
@@ -30,13 +32,18 @@ def register(sub: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML settings file (default: $IBFM_CONFIG, if set)")
     for dotted, flag in FLAGS.items():
         dest = dotted.replace(".", "__")
-        if dotted in _REPEATABLE:
+        if dotted in _SWITCHES:
+            p.add_argument(flag, dest=dest, action="store_const", const="true", default=argparse.SUPPRESS,
+                           help=_help(dotted))
+        elif dotted in _REPEATABLE:
             p.add_argument(flag, dest=dest, action="append", default=argparse.SUPPRESS, help=_help(dotted) +
                            " Repeatable.")
         else:
             p.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=_help(dotted))
     p.add_argument("--print-settings", action="store_true",
                    help="print the effective settings as JSON (the token hidden) and exit")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line per stage of the first bring-up on stderr (shown only on a terminal)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -56,6 +63,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.print_settings:
         print(json.dumps(settings.public_dict(), indent=2))
         return 0
-    from ibfm.service import run_service
+    from ibfm.progress import wanted
 
-    return run_service(settings)
+    if not wanted(args.quiet):
+        from ibfm.service import run_service
+
+        return run_service(settings)
+    return _serve_showing_progress(settings)
+
+
+def _serve_showing_progress(settings: Settings) -> int:
+    """``ibfm.service.run_service``, with each stage of the first bring-up drawn on stderr (log lines are
+    written around the progress line)."""
+    from ibfm.progress import ProgressDisplay, showing
+    from ibfm.service import Service, run_service
+
+    with showing(None, enabled=True) as display:
+        assert isinstance(display, ProgressDisplay)
+
+        def watch(service: Service) -> None:
+            manager = service.manager
+            display.watch(manager.progress, until=lambda: manager.snapshot is not None)
+
+        return run_service(settings, on_service=watch)

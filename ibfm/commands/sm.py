@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from ibfm.commands._args import DEFAULT_CHAIN, engine_chain, number_in
 from sm.analysis.dump import format_lfts
 from sm.analysis.query import describe_route, format_route
 from sm.partitions.config import load_partitions
+from sm.qos.config import QosConfig
 from sm.sa.services import serve_port
 from sm.sweep.manager import FabricManager, SmConfig, SubnetSnapshot, SweepError
 from sm.transport.base import TransportStats, WindowedTransport
@@ -140,6 +142,13 @@ def add_fabric_args(p: argparse.ArgumentParser, *, umad: bool = True) -> None:
         metavar="FILE",
         help="guid2mkey file kept across runs (default: beside --guid2lid, else in memory)",
     )
+    p.add_argument("--qos", action="store_true",
+                   help="QoS as OpenSM's -Q: SL2VL and VL arbitration tables on every port, SLs by QoS level")
+    p.add_argument("--qos-policy-file", type=Path, metavar="FILE",
+                   help="QoS policy file (a subset of OpenSM's qos-policy.conf; see docs/qos.md)")
+    p.add_argument("--qos-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an OpenSM QoS option, e.g. qos_swe_sl2vl=0,1,2,3,4,5,6,7,0,1,2,3,4,5,6,7 or "
+                   "qos_ca_vlarb_high=0:4 (repeatable; names and defaults as OpenSM's, docs/settings.md)")
 
 
 def register(sub: Any) -> None:
@@ -148,6 +157,8 @@ def register(sub: Any) -> None:
     p.add_argument("--dump-lfts", type=Path, metavar="FILE", help="write every LFT as ibroute prints it")
     p.add_argument("--json", action="store_true", help="summary as JSON")
     p.add_argument("--daemon", action="store_true", help="keep sweeping until SIGTERM or SIGINT, then exit 0")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress line per stage on stderr (shown only when stderr is a terminal)")
     p.add_argument(
         "--sm-priority",
         type=_priority,
@@ -189,7 +200,31 @@ def config_from_args(args: argparse.Namespace) -> SmConfig:
         m_key_protect=args.m_key_protection_level,
         m_key_lease=args.m_key_lease_period,
         guid2mkey=args.guid2mkey,
+        qos=qos_from_args(args),
     )
+
+
+def qos_from_args(args: argparse.Namespace) -> QosConfig:
+    """``--qos``, ``--qos-policy-file`` and ``--qos-option NAME=VALUE``, checked as the ``[sm]`` settings
+    of the same names (IbfmError naming the option)."""
+    from pydantic import ValidationError
+
+    from ibfm.settings import SmSettings
+
+    given: dict[str, Any] = {"qos": args.qos, "qos_policy_file": args.qos_policy_file}
+    for item in args.qos_option:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name.startswith("qos_") or name in ("qos_policy_file",) or \
+                name not in SmSettings.model_fields:  # fmt: skip
+            raise IbfmError(f"--qos-option {item!r}: expected NAME=VALUE with NAME a qos_* option (docs/settings.md)")
+        given[name] = value.strip()
+    try:
+        return SmSettings(**given).qos_config()
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"] if isinstance(x, str))
+        raise IbfmError(f"--qos-option {where}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
 def open_transport(args: argparse.Namespace) -> WindowedTransport:
@@ -215,9 +250,18 @@ async def run_once(args: argparse.Namespace) -> tuple[SubnetSnapshot, TransportS
         transport.start()
         manager = FabricManager(transport, config)
         serve_port(transport, manager)  # peers' SMInfo and hosts' SA queries are answered meanwhile
-        return await sweep_through_leases(manager), transport.stats
+        with _progress(args, manager):
+            return await sweep_through_leases(manager), transport.stats
     finally:
         await transport.close()
+
+
+def _progress(args: argparse.Namespace, manager: FabricManager) -> contextlib.AbstractContextManager[object]:
+    """Each stage of the first heavy sweep on a line of stderr, when it is a terminal and not --quiet."""
+    from ibfm.progress import showing, wanted
+
+    return showing(manager.progress, enabled=wanted(getattr(args, "quiet", True)),
+                   until=lambda: manager.snapshot is not None)
 
 
 async def sweep_through_leases(manager: FabricManager) -> SubnetSnapshot:
@@ -265,6 +309,10 @@ def summary(snap: SubnetSnapshot, stats: TransportStats | None = None) -> dict[s
             "ports_active": snap.program.activated,
             "pkey_blocks_sent": snap.program.pkey_blocks_sent,
             "pkey_blocks_unchanged": snap.program.pkey_blocks_skipped,
+            "sl2vl_tables_sent": snap.program.qos.sl2vl_sent if snap.program.qos else 0,
+            "sl2vl_tables_unchanged": snap.program.qos.sl2vl_skipped if snap.program.qos else 0,
+            "vlarb_blocks_sent": snap.program.qos.vlarb_sent if snap.program.qos else 0,
+            "vlarb_blocks_unchanged": snap.program.qos.vlarb_skipped if snap.program.qos else 0,
             "failures": snap.program.failures,
         },
         "partitions": _partitions_summary(snap),
@@ -353,7 +401,8 @@ async def run_daemon(args: argparse.Namespace) -> int:
                     print("\n".join(f"{stamp} {line}" for line in text.splitlines()), flush=True)
 
         manager.events.subscribe(on_event)
-        await manager.run(stop)
+        with _progress(args, manager):  # the first bring-up's stages
+            await manager.run(stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -395,13 +444,40 @@ def cmd_sm(args: argparse.Namespace) -> int:
 
 
 def cmd_route(args: argparse.Namespace) -> int:
+    from sm.analysis.query import resolve_endpoint
+    from sm.sa.path_record import path_sl
+
     snap, _ = asyncio.run(run_once(args))
     r = describe_route(snap.fabric, snap.lids, snap.lft, args.src, args.dst)
+    f = snap.fabric
+    src = resolve_endpoint(f, snap.lids, args.src)
+    dst = resolve_endpoint(f, snap.lids, args.dst)
+    shared = snap.partitions.shared(src, dst) if snap.partitions is not None else (0xFFFF,)
+    sl = path_sl(snap, src, dst, shared[0] if shared else 0xFFFF, r.dst_lid)
+    vls = []
+    for h in r.hops:
+        n = f.by_guid(h.guid)
+        t = None
+        if snap.qos is not None and h.out_port:
+            t = snap.qos.sl2vl_table(n, h.in_port if f.is_switch(n) else 0, h.out_port)
+        vls.append(int(t[sl]) if t is not None else None)
+    why = "the routing engine's layer" if snap.layers is not None else (
+        "the QoS level" if snap.qos is not None and snap.qos.level_sl(src, dst, shared[0] if shared else 0xFFFF)
+        is not None else "the default")  # fmt: skip
     if args.json:
         from dataclasses import asdict
 
-        json.dump(asdict(r), sys.stdout, indent=2)
+        out = asdict(r)
+        out["sl"] = sl
+        for h, vl in zip(out["hops"], vls, strict=True):
+            h["vl"] = vl
+        json.dump(out, sys.stdout, indent=2)
         print()
     else:
-        print(format_route(r))
+        lines = format_route(r).splitlines()
+        for i, vl in enumerate(vls):
+            if vl is not None:
+                lines[i + 1] += f" VL {vl}"
+        print("\n".join(lines))
+        print(f"SL {sl} ({why}): hosts that do not ask the SA must send on SL {sl} to {r.dst} from {r.src}")
     return 0

@@ -120,9 +120,60 @@ def pair_pkey(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], reques
     return requested if any(k & 0x7FFF == base for k in shared) else None
 
 
-def pair_sl(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], pkey: int) -> int:
-    """The SL of paths between two end ports (hook for QoS, issue 17): today the default SL."""
-    return DEFAULT_SL
+def pair_sl(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], pkey: int, dlid: int | None = None) -> int:
+    """The SL of paths between two end ports to ``dlid`` (default: the destination's base LID).
+
+    Precedence, highest first:
+
+    1. the routing engine's layer of the route (``snapshot.layers[row, dlid]``, ``row`` the switch
+       the source's packets enter the fabric at: its own row for a switch port 0, else the switch
+       its link leads to): the route is deadlock-free only on that SL's VL;
+    2. the QoS level's SL (QoS on): the first matching rule of the policy file (source and
+       destination port groups, P_Key), else the partition's ``sl=`` for ``pkey``;
+    3. SL 0.
+
+    This is OpenSM's order too (``pr_rcv_get_path_parms``: QoS level, partition, then the routing
+    engine's ``path_sl`` over them).
+    """
+    return path_sl(ctx.snapshot, src, dst, pkey, dlid)
+
+
+def path_sl(snap: Any, src: tuple[int, int], dst: tuple[int, int], pkey: int, dlid: int | None = None) -> int:
+    """:func:`pair_sl` over a snapshot (what ``ibfm route`` and the HTTP API tell)."""
+    sl = _layer_sl(snap, src, dst, dlid)
+    if sl is not None:
+        return sl
+    return level_sl(snap, src, dst, pkey) or DEFAULT_SL
+
+
+def level_sl(snap: Any, src: tuple[int, int], dst: tuple[int, int], pkey: int) -> int | None:
+    """The QoS level's SL of a path (policy rule, else partition), None when QoS gives none."""
+    qos = getattr(snap, "qos", None)
+    return qos.level_sl(src, dst, pkey) if qos is not None else None
+
+
+def entry_row(snap: Any, port: tuple[int, int]) -> int | None:
+    """The LFT row of the switch where packets from end port ``port`` enter the fabric (None: no link)."""
+    f = snap.fabric
+    n, p = port
+    if f.node_type[n] != NodeType.SWITCH:
+        peer = int(f.peer_node[n, p])
+        if peer < 0 or f.node_type[peer] != NodeType.SWITCH:
+            return None
+        n = peer
+    rows = np.flatnonzero(f.switches == n)
+    return int(rows[0]) if rows.size else None
+
+
+def _layer_sl(snap: Any, src: tuple[int, int], dst: tuple[int, int], dlid: int | None) -> int | None:
+    layers = getattr(snap, "layers", None)
+    if layers is None:
+        return None
+    row = entry_row(snap, src)
+    lid = dlid if dlid is not None else int(snap.lids.base[dst[0], dst[1]])
+    if row is None or not 0 < lid < layers.shape[1]:
+        return None
+    return int(layers[row, lid])
 
 
 @dataclass
@@ -623,7 +674,11 @@ class PathRecordFamily:
             return none
         if r.raw:
             pkey = 0
-        sl = r.sl if r.sl is not None else pair_sl(ctx, sp, dp, pkey)
+        sl = pair_sl(ctx, sp, dp, pkey, dlid)
+        if r.sl is not None:
+            if r.sl != sl and _required(ctx.snapshot, sp, dp, pkey, dlid):
+                return none  # the route is deadlock-free, or the QoS level set, on its SL only
+            sl = r.sl
         rec = (
             bytes(8)
             + b.gid_bytes[dst]
@@ -657,6 +712,7 @@ class PathRecordFamily:
             pair_pkey is _DEFAULT_HOOKS[0]
             and pair_sl is _DEFAULT_HOOKS[1]
             and getattr(ctx.snapshot, "partitions", None) is None
+            and not _qos_in_play(ctx.snapshot)
         )
         for k in range(1 if uniform else K):  # the default hooks answer the same for every pair
             sp = (int(b.ep_node[src[k]]), int(b.ep_port[src[k]]))
@@ -667,7 +723,21 @@ class PathRecordFamily:
                 ok[at] = False
                 continue
             pkeys[at] = pk
-            sls[at] = r.sl if r.sl is not None else pair_sl(ctx, sp, dp, pk)
+            sls[at] = pair_sl(ctx, sp, dp, pk)
+            lvl = level_sl(ctx.snapshot, sp, dp, pk)
+            if r.sl is not None and lvl is not None and r.sl != lvl and not _has_layers(ctx.snapshot):
+                ok[at] = False  # OpenSM: an SL asked for that is not the QoS level's gets no path
+            elif r.sl is not None and not _has_layers(ctx.snapshot):
+                sls[at] = r.sl
+        layers = getattr(ctx.snapshot, "layers", None)
+        if layers is not None:  # the route's layer per path (its DLID): SL k on VL k
+            rows = np.array([-1 if (x := entry_row(ctx.snapshot, (int(b.ep_node[e]), int(b.ep_port[e])))) is None
+                             else x for e in src.tolist()], np.int64)  # fmt: skip
+            row_e = np.repeat(rows, Q)
+            inside = (row_e >= 0) & (dlid > 0) & (dlid < layers.shape[1])
+            sls = np.where(inside, layers[np.maximum(row_e, 0), np.where(inside, dlid, 0)], sls).astype(np.int64)
+            if r.sl is not None:
+                ok &= ~inside | (sls == r.sl)  # a route is deadlock-free on its layer's SL only
         if r.raw:
             pkeys[:] = 0
         mtu_v = mtu.astype(np.int64)
@@ -711,7 +781,25 @@ class PathRecordFamily:
         return out
 
 
+def _has_layers(snap: Any) -> bool:
+    return getattr(snap, "layers", None) is not None
+
+
+def _qos_in_play(snap: Any) -> bool:
+    qos = getattr(snap, "qos", None)
+    return _has_layers(snap) or (qos is not None and qos.enabled)
+
+
+def _required(snap: Any, src: tuple[int, int], dst: tuple[int, int], pkey: int, dlid: int) -> bool:
+    """Whether a path's SL is fixed (a route layer or a QoS level's SL), so that another SL asked gets no path."""
+    qos = getattr(snap, "qos", None)
+    if _layer_sl(snap, src, dst, dlid) is not None:
+        return True
+    return qos is not None and qos.level_sl(src, dst, pkey) is not None
+
+
 _DEFAULT_HOOKS = (pair_pkey, pair_sl)
 
 
-__all__ = ["PathRecordFamily", "pair_pkey", "pair_sl", "path_values", "rate_code", "trace"]
+__all__ = ["PathRecordFamily", "entry_row", "level_sl", "pair_pkey", "pair_sl", "path_sl", "path_values", "rate_code",
+           "trace"]

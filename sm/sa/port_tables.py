@@ -1,9 +1,8 @@
 """Per-port table records: SLtoVLMappingTableRecord, P_KeyTableRecord, VLArbitrationTableRecord.
 
-ibfm neither programs these tables nor reads them in discovery yet; it answers, as OpenSM
-3.3.23 does with QoS off and only the default partition, from its own copy of them. The
-copies are the functions :func:`sl2vl_tables`, :func:`pkey_blocks` and :func:`vlarb_blocks`
-(what issue 16, partitions, and issue 17, QoS, replace with the tables they program).
+ibfm answers from what it programmed (the snapshot's partition and QoS plans), through
+:func:`sl2vl_tables`, :func:`pkey_blocks` and :func:`vlarb_blocks`; a table it did not set
+(QoS off) is answered as OpenSM 3.3.23 answers then: zeros.
 
 Which records exist (``osm_sa_slvl_record.c``, ``osm_sa_pkey_record.c``,
 ``osm_sa_vlarb_record.c``):
@@ -80,13 +79,28 @@ def end_ports(snapshot: Any) -> tuple[Ints, Ints, Ints, Ints]:
 
 
 def sl2vl_tables(snapshot: Any, nodes: Ints, in_ports: Ints, out_ports: Ints) -> Rows:
-    """The SLtoVLMappingTable (8 bytes) of each (node, in port, out port): QoS off, every SL on VL 0."""
-    return np.zeros((nodes.size, 8), np.uint8)
+    """The SLtoVLMappingTable (8 bytes) of each (node, in port, out port), as ibfm programmed it (the
+    snapshot's QoS plan; a CA port is (node, 0, port)); a table ibfm did not set (QoS off, OpenSM's
+    answer then): every SL on VL 0."""
+    qos = getattr(snapshot, "qos", None)
+    if qos is None or qos.empty:
+        return np.zeros((nodes.size, 8), np.uint8)
+    rows: Rows = qos.sl2vl_rows(nodes, in_ports, out_ports)
+    return rows
 
 
 def vlarb_blocks(snapshot: Any, nodes: Ints, ports: Ints, blocks: Ints) -> Rows:
-    """The VLArbitrationTable block (64 bytes: 32 VL/weight pairs) of each (node, port, block): QoS off, zero."""
-    return np.zeros((nodes.size, 64), np.uint8)
+    """The VLArbitrationTable block (64 bytes: 32 VL/weight pairs) of each (node, port, block), as ibfm
+    programmed it (entries past the port's cap 0); a block ibfm did not set (QoS off): zero."""
+    out = np.zeros((nodes.size, 64), np.uint8)
+    qos = getattr(snapshot, "qos", None)
+    if qos is None or qos.empty:
+        return out
+    for i, (n, p, b) in enumerate(zip(nodes.tolist(), ports.tolist(), blocks.tolist(), strict=True)):
+        t = qos.vlarb_block(n, p, b)
+        if t is not None:
+            out[i] = np.frombuffer(t, np.uint8)
+    return out
 
 
 def pkey_blocks(snapshot: Any, nodes: Ints, ports: Ints, blocks: Ints) -> Rows:

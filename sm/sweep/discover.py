@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,9 @@ from fabric.model import (
 from sm.sweep.mkeys import LockedPort, MKeys
 from sm.transport.base import MadTimeout, WindowedTransport
 from sm.transport.smp import RowCodec, SmpAnswers, smp_batch_dr
+
+if TYPE_CHECKING:
+    from sm.sweep.manager import SweepProgress
 
 Path = tuple[int, ...]
 
@@ -195,8 +198,12 @@ async def _node_infos(
     return res, used, {j for j, e in res.errors.items() if isinstance(e, MadTimeout)}
 
 
-async def discover(transport: WindowedTransport, *, max_hops: int = 63, keys: MKeys | None = None) -> Discovery:
-    """Walk the fabric from the transport's port and return what answers; ``keys``: the M_Keys to send."""
+async def discover(
+    transport: WindowedTransport, *, max_hops: int = 63, keys: MKeys | None = None,
+    progress: SweepProgress | None = None,
+) -> Discovery:
+    """Walk the fabric from the transport's port and return what answers; ``keys``: the M_Keys to send;
+    ``progress`` counts the nodes found."""
     sent0 = transport.stats.sent
     nodes: dict[int, _NodeRec] = {}
     links: dict[tuple[int, int], tuple[int, int]] = {}
@@ -282,6 +289,8 @@ async def discover(transport: WindowedTransport, *, max_hops: int = 63, keys: MK
                 )
                 nodes[guid] = rec
                 by_path[path] = guid
+                if progress is not None:
+                    progress.advance(1, "nodes")
             at = len(dpaths)
             if is_new:
                 dwhich.append(at)

@@ -63,7 +63,9 @@ from sm.multicast.mft import mft_table
 from sm.multicast.tree import HopTable, McastTree, build_tree, hop_table
 from sm.partitions.config import PartitionConfig, default_partitions
 from sm.partitions.plan import PartitionPlan, PortKeys, plan_partitions
-from sm.routing.base import DEFAULT_CHAIN, Lft, RoutingOptions, RoutingResult, make_engine, route
+from sm.qos.config import QosConfig
+from sm.qos.plan import QosPlan, plan_qos
+from sm.routing.base import DEFAULT_CHAIN, Layers, Lft, RoutingOptions, RoutingResult, make_engine, route
 from sm.sweep.discover import Discovery, discover
 from sm.sweep.events import (
     CreditLoopFound,
@@ -87,13 +89,15 @@ from sm.sweep.program import (
     HeldLfts,
     HeldMfts,
     HeldPkeys,
+    HeldQos,
     MftReport,
     ProgramReport,
     program_fabric,
     program_mfts,
+    qos_port_columns,
     read_pkey_tables,
 )
-from sm.transport.base import MadTimeout, Route, WindowedTransport
+from sm.transport.base import MadTimeout, Route, TransportStats, WindowedTransport
 from sm.transport.smp import RowCodec, stamp_m_key
 
 if TYPE_CHECKING:
@@ -178,6 +182,8 @@ class SmConfig:
     """M_KeyLeasePeriod, seconds (OpenSM's m_key_lease_period; 0: the protection never lapses)."""
     guid2mkey: Path | None = None
     """guid2mkey file (OpenSM's format); None: beside ``guid2lid`` when that is set, else in memory."""
+    qos: QosConfig = dataclasses.field(default_factory=QosConfig)
+    """QoS (OpenSM's ``-Q`` and ``qos_*`` options, the policy file); off by default, as OpenSM."""
 
     @property
     def guid2mkey_path(self) -> Path | None:
@@ -222,6 +228,12 @@ class SubnetSnapshot:
     answer from); None only in snapshots built outside a sweep."""
     m_key_locked: tuple[LockedPort, ...] = ()
     """Ports that answered no SMP carrying any M_Key this SM has for them (waited out: see the log)."""
+    layers: Layers | None = None
+    """The SL of every route (``RoutingResult.layers``: switch row of the route's entry, destination
+    LID); None: every route on SL 0."""
+    qos: QosPlan | None = None
+    """The SL2VL and VLArb tables and VLHighLimits programmed, and the QoS levels of paths (SA's SL);
+    None only in snapshots built outside a sweep."""
 
     def __repr__(self) -> str:
         # Short: the generated repr walks every PortInfo dict of the discovery (seconds on a large
@@ -251,6 +263,73 @@ def _rare(n: int) -> bool:
     """True for the 1st, 2nd, 4th, 8th ... occurrence: what is logged of something any host can repeat."""
     return n & (n - 1) == 0
 
+
+class SweepProgress:
+    """What the heavy sweep is doing now, for a display to poll (``ibfm/progress.py``): counters only.
+
+    The stage helper of the sweep sets the stage; discovery counts the nodes it finds, programming the LFT
+    blocks it will send and those the switches took. While a batch is on the wire its answers so far are
+    read from the transport's counters (``live``): an estimate, since other SMPs of the stage share them.
+    Written on the event loop, read from any thread: plain numbers, replaced, never half-written.
+    """
+
+    def __init__(self, stats: TransportStats | None = None) -> None:
+        self.stats = stats
+        self.sweep = 0
+        self.stage = ""
+        """The stage running, "" between stages."""
+        self.started = 0.0
+        """time.monotonic() when it began."""
+        self.since = 0.0
+        """time.monotonic() of the last :meth:`expect` (the rate of the expected items counts from there)."""
+        self.unit = ""
+        self.done = 0
+        self.total = 0
+        """Items the stage expects (0: not known, as in a discovery)."""
+        self.finished: list[tuple[int, int, str, float, int, int, str]] = []
+        """(number, sweep, stage, seconds, done, total, unit) of the last 64 stages ended, oldest first;
+        stages are numbered from 1 as they end."""
+        self.ended = 0
+        self._answers = 0
+
+    def begin(self, sweep: int, stage: str) -> None:
+        self.sweep, self.unit, self.done, self.total = sweep, "", 0, 0
+        self._answers = self.stats.received if self.stats is not None else 0
+        self.started = self.since = time.monotonic()
+        self.stage = stage
+
+    def end(self) -> None:
+        if self.stage:
+            self.ended += 1
+            entry = (self.ended, self.sweep, self.stage, time.monotonic() - self.started, self.done, self.total,
+                     self.unit)
+            self.finished = [*self.finished[-63:], entry]
+        self.stage = ""
+
+    def expect(self, total: int, unit: str) -> None:
+        """``total`` more items of ``unit`` are on their way (their answers count from now)."""
+        self.unit = unit
+        self.total += total
+        self._answers = self.stats.received if self.stats is not None else 0
+        self.since = time.monotonic()
+
+    def advance(self, n: int, unit: str | None = None) -> None:
+        if unit is not None:
+            self.unit = unit
+        self.done += n
+        if self.total and self.done >= self.total and self.stats is not None:
+            self._answers = self.stats.received  # what the stage sends after them counts from here
+
+    def answers(self) -> int:
+        """SMPs answered since the stage began, the last :meth:`expect`, or the expected items were done."""
+        return self.stats.received - self._answers if self.stats is not None else 0
+
+    def live(self) -> int:
+        """Items done, with a batch on the wire counted by its answers so far (at most ``total``)."""
+        if self.total and self.done < self.total:
+            return max(self.done, min(self.total, self.answers()))
+        return self.done
+
 class FabricManager:
     """Owns the sweeps: one at a time, triggers merged, snapshots and events out."""
 
@@ -266,6 +345,8 @@ class FabricManager:
         self.config = config or SmConfig()
         self.events = events or EventBus()
         self.snapshot: SubnetSnapshot | None = None
+        self.progress = SweepProgress(transport.stats)
+        """What the heavy sweep running is doing (a progress display polls it)."""
         cfg = self.config
         self.elector = Elector(
             transport,
@@ -284,6 +365,10 @@ class FabricManager:
         transport.trap_peek = self._peek_trap
         self.held: HeldLfts = {}
         self.held_pkeys: HeldPkeys = {}
+        self.held_qos: HeldQos = {}
+        """SL2VL and VLArb tables the ports hold as far as we know (by node GUID)."""
+        self.no_high_limit: set[tuple[int, int]] = set()
+        """Ports (node GUID, port) that do not keep VLHighLimit (ibsim): not asked again."""
         self.no_enforcement: set[tuple[int, int]] = set()
         """Switch ports (node GUID, port) that do not keep partition enforcement: not asked again."""
         self.mcast: McGroups | None = None
@@ -435,8 +520,9 @@ class FabricManager:
             made: set[bytes] = set()
             for part in plan.ipoib if plan is not None else ():
                 for scope in part.scope or (None,):
-                    # SL stays 0: OpenSM gives a partition's sl to its groups only with QoS on (issue 17)
                     params: dict[str, Any] = {"scope": scope}
+                    if part.sl and self.config.qos.enabled:  # as OpenSM, the partition's sl only with QoS on
+                        params["sl"] = part.sl
                     if part.mtu:
                         params["mtu"] = part.mtu
                     if part.rate:
@@ -1041,6 +1127,7 @@ class FabricManager:
         @contextmanager
         def stage(name: str) -> Iterator[None]:
             t0 = time.perf_counter()
+            self.progress.begin(sweep_no, name)
             try:
                 yield
             except SweepError:
@@ -1049,6 +1136,7 @@ class FabricManager:
                 raise SweepError(name, f"sweep {sweep_no}: {name} failed: {e}") from e
             finally:
                 phases[name] = time.perf_counter() - t0
+                self.progress.end()
 
         cfg = self.config
         el = self.elector
@@ -1058,7 +1146,7 @@ class FabricManager:
             self.m_keys.own_guid = el.own_guid()
             with stage("discover"):
                 try:
-                    d = await discover(self.transport, keys=self.m_keys)
+                    d = await discover(self.transport, keys=self.m_keys, progress=self.progress)
                 except MadTimeout as e:
                     if self.m_keys.active and e.route == ():  # our own port does not take our key
                         self._m_key_lockout([LockedPort("this SM's own port", (), self.m_keys.own_guid or None)])
@@ -1089,7 +1177,15 @@ class FabricManager:
                 self.held_mfts.pop(guid, None)
         with stage("partitions"):
             parts = await self._plan_partitions(d)
-        options = RoutingOptions(root_guids=cfg.root_guids)
+        if known:
+            gone = {int(g) for g in fabric.node_guid[fabric.switches].tolist() if g not in known}
+            gone |= {int(fabric.node_guid[n]) for n in fabric.switches.tolist()
+                     if not d.switch_info.get(n, {}).get("LinearFDBTop")}  # fmt: skip
+            if gone:  # a new or reset switch holds tables we do not know
+                self.held_qos = {k: v for k, v in self.held_qos.items() if k not in gone}
+        with stage("qos"):
+            qos_base = self._plan_qos(d, links, parts)
+        options = RoutingOptions(root_guids=cfg.root_guids, max_layers=self._max_layers(links))
         check_loops = cfg.check_credit_loops
 
         def compute(emit: Emit) -> None:
@@ -1102,7 +1198,9 @@ class FabricManager:
             emit((verify_routes(fabric, lids, routed.lft), time.perf_counter() - t))
             if check_loops:
                 t = time.perf_counter()
-                emit((find_credit_loops(fabric, lids, routed.lft, from_cas=True), time.perf_counter() - t))
+                # per (link, VL): every port maps the layers' SL k to VL k (sm.qos.plan), so identity
+                loops = find_credit_loops(fabric, lids, routed.lft, from_cas=True, layers=routed.layers)
+                emit((loops, time.perf_counter() - t))
 
         async def result(name: str) -> Any:
             try:
@@ -1114,11 +1212,29 @@ class FabricManager:
             return value
 
         routed: RoutingResult | None = None
+        have_routes = asyncio.Event()
+        qos_plan = qos_base
 
         async def routed_lft() -> Lft:
             nonlocal routed
             routed = await result("routing")
+            have_routes.set()
             return routed.lft
+
+        async def qos_tables() -> QosPlan | None:
+            # The tables wait for the routes only for their layers (SL k -> VL k on every port).
+            nonlocal qos_plan
+            await have_routes.wait()
+            assert routed is not None
+            layers = routed.layers
+            n_layers = int(layers.max()) + 1 if layers is not None and layers.size else 1
+            if n_layers > 1:
+                qos_plan = self._plan_qos(d, links, parts, layers=n_layers)
+            for problem in qos_plan.problems[:5]:
+                log.warning("qos: %s", problem)
+            if len(qos_plan.problems) > 5:
+                log.warning("qos: %d more problems", len(qos_plan.problems) - 5)
+            return None if qos_plan.empty else qos_plan
 
         what = f"sweep {sweep_no}: routing and checks"
         def still_master() -> None:
@@ -1145,8 +1261,15 @@ class FabricManager:
                     enforce=self._enforcement(fabric, parts),
                     held_pkeys=self.held_pkeys,
                     keys=self.m_keys,
+                    progress=self.progress,
+                    qos=qos_tables(),
+                    held_qos=self.held_qos,
+                    high_limit=self._high_limits(fabric, qos_base),
                 )
             self._m_key_refused(fabric, prog)
+            if prog.high_limit_refused:
+                self.no_high_limit.update(prog.high_limit_refused)
+                log.info("%d ports read VLHighLimit back as not set: left alone there", len(prog.high_limit_refused))
             with stage("m_keys"):
                 self._save_m_keys()  # the keys the ports took, before anything else can fail
             locked = self._m_key_suspects(d, prog)
@@ -1188,9 +1311,44 @@ class FabricManager:
             duration_s=time.perf_counter() - t_start,
             partitions=parts,
             m_key_locked=tuple(locked),
+            layers=routed.layers,
+            qos=qos_plan,
         )
         self.snapshot = snap
         return snap
+
+    def _plan_qos(self, d: Discovery, links: LinkPlan, parts: PartitionPlan, *, layers: int = 1) -> QosPlan:
+        """SL2VL and VLArb tables and VLHighLimits of every port (sm.qos.plan), the QoS levels of paths."""
+        f = d.fabric
+        enhanced = np.zeros(f.n_nodes, bool)
+        for n, si in d.switch_info.items():
+            enhanced[n] = bool(si.get("EnhancedPort0", 0))
+        return plan_qos(
+            self.config.qos,
+            f,
+            qos_port_columns(d),
+            enhanced,
+            links.op_vls,
+            layers=layers,
+            partitions=parts,
+            sm_port=(d.sm_node, d.sm_port),
+        )
+
+    def _high_limits(self, f: Fabric, plan: QosPlan) -> dict[tuple[int, int], int] | None:
+        """The plan's VLHighLimits, but not on the ports known not to keep them."""
+        if not plan.high_limit:
+            return None
+        guid = f.node_guid
+        return {(n, p): v for (n, p), v in plan.high_limit.items() if (int(guid[n]), p) not in self.no_high_limit}
+
+    def _max_layers(self, links: LinkPlan) -> int:
+        """The VLs (layers) a layered routing engine may use: the fewest data VLs of any up link (VL0-7:
+        8), and with QoS on at most ``qos_max_vls``."""
+        codes = links.op_vls[links.op_vls > 0]
+        vls = min(_DATA_VLS.get(int(c), 1) for c in np.unique(codes).tolist()) if codes.size else 1
+        if self.config.qos.enabled:
+            vls = min(vls, self.config.qos.max_vls)
+        return max(vls, 1)
 
     def _enforcement(self, f: Fabric, plan: PartitionPlan) -> dict[tuple[int, int], tuple[int, int]]:
         """The plan's enforcement, but off on the ports known not to keep it."""
@@ -1244,6 +1402,8 @@ class FabricManager:
 
 
 _NodeKind = Literal["switch", "ca", "router"]
+_DATA_VLS = {1: 1, 2: 2, 3: 4, 4: 8, 5: 15}
+"""Data VLs of each PortInfo OperationalVLs code."""
 _KIND_OF: dict[NodeType, _NodeKind] = {NodeType.SWITCH: "switch", NodeType.CA: "ca"}
 
 

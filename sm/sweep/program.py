@@ -37,21 +37,35 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from fabric.mad import LFT_BLOCK_SIZE, PKEY_BLOCK_SIZE, PORT_INFO, SWITCH_INFO, Method, SmpAttr, pkey_table_mod
+from fabric.mad import (
+    LFT_BLOCK_SIZE,
+    PKEY_BLOCK_SIZE,
+    PORT_INFO,
+    SL2VL_SIZE,
+    SWITCH_INFO,
+    VLARB_TABLE,
+    Method,
+    SmpAttr,
+    pkey_table_mod,
+)
 from fabric.model import NodeType, PortState
 from sm.lidmap import LidMap
 from sm.links import LinkPlan
 from sm.multicast.mft import MLIDS_PER_BLOCK, MftTable, block_payload, mft_attr_mod, mft_blocks_changed, mft_positions
+from sm.qos.plan import QosPlan, pack_sl2vl
 from sm.routing.base import NO_ROUTE, Lft
 from sm.sweep.discover import Discovery, Path
 from sm.sweep.mkeys import MKeys
 from sm.transport.base import MadTimeout, WindowedTransport
 from sm.transport.smp import RowCodec, SmpAnswers, SmpRequest, smp_batch, smp_batch_dr
+
+if TYPE_CHECKING:
+    from sm.sweep.manager import SweepProgress
 
 HeldLfts = dict[int, npt.NDArray[np.uint8]]
 """Switch node GUID -> the LFT it holds as far as we know (NO_ROUTE where unknown/empty)."""
@@ -84,6 +98,12 @@ class ProgramReport:
     """End ports (node, port) that took a Set but read its M_Key fields back otherwise: no M_Key support."""
     timed_out: list[tuple[int, int]] = field(default_factory=list)
     """End ports (node, port; a switch's port 0) some Set to which timed out after every retry."""
+    high_limit_sets: int = 0
+    """PortInfo Sets that carried a new VLHighLimit (QoS)."""
+    high_limit_refused: list[tuple[int, int]] = field(default_factory=list)
+    """Ports (node GUID, port) that read VLHighLimit back other than it was set (ibsim keeps none)."""
+    qos: QosReport | None = None
+    """SL2VL and VLArb tables sent and skipped; None when QoS planned nothing."""
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -117,6 +137,9 @@ _ONE_SHOT = frozenset({"ClientReregister"})
 _ADVISORY = frozenset({"PartitionEnforcementInbound", "PartitionEnforcementOutbound"})
 """Fields a device may not keep (ibsim's switches read enforcement back as 0): a port that does not
 take them is reported in ``ProgramReport.enforcement_refused``, not as a failure."""
+_HIGH_LIMIT = frozenset({"VLHighLimit"})
+"""A field ibsim does not keep (reads back 0): a port that does not take it is reported in
+``ProgramReport.high_limit_refused``, not as a failure."""
 _M_KEY_FIELDS = frozenset({"M_Key", "M_KeyProtectBits", "M_KeyLeasePeriod"})
 """Fields a device without M_Key support does not keep (ibsim's read back as before): such a port is
 reported in ``ProgramReport.m_key_refused`` (it is not protected), not as a failure."""
@@ -142,8 +165,13 @@ async def program_fabric(
     enforce: Mapping[Port, tuple[int, int]] | None = None,
     held_pkeys: HeldPkeys | None = None,
     keys: MKeys | None = None,
+    progress: SweepProgress | None = None,
+    qos: QosPlan | Awaitable[QosPlan | None] | None = None,
+    held_qos: HeldQos | None = None,
+    high_limit: Mapping[Port, int] | None = None,
 ) -> ProgramReport:
-    """Push the plan into the fabric; updates ``held`` with what the switches now hold.
+    """Push the plan into the fabric; updates ``held`` with what the switches now hold (``progress`` counts
+    the LFT blocks to send and those taken).
 
     With ``lft`` still being computed, stages 1 and 2 go out meanwhile only
     where they change nothing in use (a fresh fabric, ports being armed);
@@ -162,12 +190,17 @@ async def program_fabric(
 
     ``keys``: the M_Keys every SMP carries, and what stage 1 gives the end ports (None: their M_Key
     fields are left as they are).
+
+    ``qos``: the SL2VL and VLArb tables to set (:func:`set_qos_tables`; an awaitable when they wait for
+    the routing engine's layers), beside stages 1 to 3 and before any port turns ACTIVE; ``held_qos``
+    is updated as ``held``; ``high_limit``: (node, port) -> VLHighLimit, set with stage 1's PortInfo.
     """
     rep = ProgramReport()
     known = held if held is not None else {}
     plan = _plan_port_infos(
-        d, lids, links, sm_lid, subnet_prefix, reregister=reregister, enforce=enforce, keys=keys
-    )
+        d, lids, links, sm_lid, subnet_prefix, reregister=reregister, enforce=enforce, keys=keys,
+        high_limit=high_limit,
+    )  # fmt: skip
     lowers_top = any(
         int(si.get("LinearFDBTop", 0)) > lids.max_lid for n, si in d.switch_info.items() if d.fabric.is_switch(n)
     )
@@ -178,12 +211,22 @@ async def program_fabric(
 
     async def routes() -> None:
         table = lft if isinstance(lft, np.ndarray) else await lft
-        await _set_blocks(transport, d, table, known, rep, keys)
+        await _set_blocks(transport, d, table, known, rep, keys, progress)
 
     stage1 = _set_port_infos(transport, d, lids, links, plan, rep, keys)
     steps = [_set_fdb_tops(transport, d, lids.max_lid, rep, keys), routes()]
     if pkeys is not None:
         steps.append(_set_pkey_tables(transport, d, pkeys, held_pkeys if held_pkeys is not None else {}, rep, keys))
+    if qos is not None:
+
+        async def qos_tables() -> None:
+            qplan = qos if isinstance(qos, QosPlan) else await qos
+            if qplan is None:
+                return
+            rep.qos = await set_qos_tables(transport, d, qplan, held_qos if held_qos is not None else {}, keys)
+            rep.failures += rep.qos.failures
+
+        steps.append(qos_tables())
     if plan.rekeys:
         await stage1  # keys change: the other stages' SMPs carry the new ones
         await _all(*steps)
@@ -221,6 +264,7 @@ async def _port_info_sets(
     keys: MKeys | None = None,
     timed_out: list[tuple[int, int]] | None = None,
     m_key_refused: list[tuple[int, int]] | None = None,
+    high_limit_refused: list[tuple[int, int]] | None = None,
 ) -> tuple[npt.NDArray[np.bool_], list[str]]:
     """PortInfo Set of ``fields`` over what each (node, port) holds; (taken per row, failures).
 
@@ -276,7 +320,13 @@ async def _port_info_sets(
         _PORT_INFO.patch_rows(data, name, at.tolist(), values[at].tolist())
     mkeys = keys.rows(f, nodes, ports) if keys is not None else None
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.PORT_INFO, routes, which, mods, data, mkeys=mkeys)
-    set_mask = _STATE_MASK & _bits_of(frozenset(fields).difference(_NO_CHANGE, _ONE_SHOT, _ADVISORY))
+    set_mask = _STATE_MASK & _bits_of(frozenset(fields).difference(_NO_CHANGE, _ONE_SHOT, _ADVISORY, _HIGH_LIMIT))
+    if "VLHighLimit" in fields:  # compared apart: a port that does not keep it has still taken the Set
+        hl_rows, hl_values = fields["VLHighLimit"]
+        hl_got = _PORT_INFO.column(res.data, "VLHighLimit").astype(np.int64)
+        for r in np.flatnonzero(res.ok & hl_rows & (hl_got != hl_values)).tolist():
+            if high_limit_refused is not None:
+                high_limit_refused.append((int(f.node_guid[node_l[r]]), port_l[r]))
     if res.errors:
         await _reread_refused(transport, routes, which, mods, data, want_state, set_mask, res, mkeys)
     if res.errors and mkeys is not None and "M_Key" in fields:
@@ -308,7 +358,7 @@ async def _port_info_sets(
         if m_key_refused is not None and bad.keys() & _M_KEY_FIELDS:
             m_key_refused.append((node_l[r], port_l[r]))
             bad = {k: v for k, v in bad.items() if k not in _M_KEY_FIELDS}
-        bad = {k: v for k, v in bad.items() if k not in _ADVISORY}
+        bad = {k: v for k, v in bad.items() if k not in _ADVISORY and k not in _HIGH_LIMIT}
         taken[r] = not bad
         if bad:
             failures.append(f"{f.port_name(node_l[r], port_l[r])}: PortInfo Set {what} not taken: {bad}")
@@ -385,6 +435,7 @@ _HELD = (
     "CapabilityMask",
     "PartitionEnforcementInbound",
     "PartitionEnforcementOutbound",
+    "VLHighLimit",
 )
 """PortInfo fields stage 1 compares with the plan."""
 
@@ -402,6 +453,8 @@ class _PortPlan:
     """Rows whose Set only changes partition enforcement (counted apart: ibsim never keeps it)."""
     rekeys: bool = False
     """Some Set changes a port's M_Key: the SMPs of the other stages must wait for the new keys."""
+    high_limit_rows: npt.NDArray[np.bool_] | None = None
+    """Rows whose Set changes VLHighLimit."""
     m_key_rows: npt.NDArray[np.bool_] | None = None
     """Rows whose Set changes M_Key, M_KeyProtectBits or M_KeyLeasePeriod."""
 
@@ -416,6 +469,7 @@ def _plan_port_infos(
     reregister: bool = False,
     enforce: Mapping[Port, tuple[int, int]] | None = None,
     keys: MKeys | None = None,
+    high_limit: Mapping[Port, int] | None = None,
 ) -> _PortPlan:
     """LID, LMC, MasterSMLID (MasterSMSL 0) and GID prefix on end ports; INIT -> ARMED, with
     NeighborMTU and OperationalVLs, on trained links. A port already ACTIVE keeps its MTU and VLs
@@ -424,7 +478,9 @@ def _plan_port_infos(
     does on a new master's first sweep), where CapabilityMask says the port supports it. With
     ``enforce``, switch ports get PartitionEnforcementInbound/Outbound as it says (0 where it says
     nothing). With ``keys``, end ports get the M_Key they should hold, M_KeyProtectBits and
-    M_KeyLeasePeriod as configured (OpenSM's lid_mgr_set_physp_pi), where they hold other values."""
+    M_KeyLeasePeriod as configured (OpenSM's lid_mgr_set_physp_pi), where they hold other values.
+    With ``high_limit``, the ports it names get that VLHighLimit where they hold another (QoS, as
+    OpenSM's link manager sets it with ``qos`` on)."""
     f = d.fabric
     up = f.up_mask()
     endport = np.zeros_like(up)
@@ -474,7 +530,15 @@ def _plan_port_infos(
             | (held["M_KeyProtectBits"] != keys.protect)
             | (held["M_KeyLeasePeriod"] != keys.lease)
         )
-    other = relid | resm | armable | rereg | rekey
+    want_hl = np.zeros(up.shape, np.uint64)
+    rehl = np.zeros_like(up)
+    if high_limit:
+        hl_mask = np.zeros_like(up)
+        for (n, p), v in high_limit.items():
+            want_hl[n, p] = v
+            hl_mask[n, p] = True
+        rehl = hl_mask & read & (held["VLHighLimit"] != want_hl)
+    other = relid | resm | armable | rereg | rekey | rehl
     cn, cp = np.nonzero(read & (other | reenf))
     is_end, has_mtu, arm = endport[cn, cp], (armable & (links.mtu != 0))[cn, cp], armable[cn, cp]
     enf = sw_port[cn, cp]
@@ -492,6 +556,8 @@ def _plan_port_infos(
         "PartitionEnforcementInbound": (enf, want_in[cn, cp].astype(np.int64)),
         "PartitionEnforcementOutbound": (enf, want_out[cn, cp].astype(np.int64)),
     }
+    if high_limit:
+        fields["VLHighLimit"] = (rehl[cn, cp], want_hl[cn, cp].astype(np.int64))
     if keys is not None and keyed:
         fields["M_Key"] = (is_end & rekey[cn, cp], want_key[cn, cp])
         fields["M_KeyProtectBits"] = (is_end & rekey[cn, cp], np.full(k, keys.protect, np.int64))
@@ -505,6 +571,7 @@ def _plan_port_infos(
         enforcement_only=~other[cn, cp],
         rekeys=bool(changes_key.any()),
         m_key_rows=rekey[cn, cp],
+        high_limit_rows=rehl[cn, cp],
     )
 
 
@@ -531,7 +598,7 @@ async def _set_port_infos(
         sub = {name: (rows[part], values[part]) for name, (rows, values) in fields.items()}
         ok[part], failures = await _port_info_sets(
             transport, d, cn[part], cp[part], sub, "config", rep.enforcement_refused, keys, rep.timed_out,
-            rep.m_key_refused,
+            rep.m_key_refused, rep.high_limit_refused,
         )  # fmt: skip
         rep.failures += failures
     if plan.m_key_rows is not None:
@@ -544,6 +611,8 @@ async def _set_port_infos(
     rep.port_sets += int((ok & ~enf).sum())
     rep.enforcement_sets += int((ok & enf).sum())
     rep.reregistered += int(fields["ClientReregister"][0][ok].sum())
+    if plan.high_limit_rows is not None:
+        rep.high_limit_sets += int((ok & plan.high_limit_rows).sum())
     n, p = cn[ok], cp[ok]
     m = fields["LID"][0][ok]
     f.lid[n[m], p[m]] = lids.base[n[m], p[m]]
@@ -794,7 +863,8 @@ async def _set_fdb_tops(
 
 
 async def _set_blocks(
-    transport: WindowedTransport, d: Discovery, lft: Lft, held: HeldLfts, rep: ProgramReport, keys: MKeys | None = None
+    transport: WindowedTransport, d: Discovery, lft: Lft, held: HeldLfts, rep: ProgramReport, keys: MKeys | None = None,
+    progress: SweepProgress | None = None,
 ) -> None:
     f = d.fabric
     nblocks = -(-lft.shape[1] // LFT_BLOCK_SIZE)
@@ -820,10 +890,14 @@ async def _set_blocks(
     data = padded.reshape(padded.shape[0], nblocks, LFT_BLOCK_SIZE)[rows, blocks]
     nodes = f.switches[rows]
     mkeys = keys.rows(f, nodes) if keys is not None else None
+    if progress is not None:
+        progress.expect(int(blocks.size), "LFT blocks")
     res = await smp_batch_dr(transport, Method.SET, SmpAttr.LFT, d.paths, nodes, blocks, data, mkeys=mkeys)
     # The GetResp holds what was set: the common case, checked for all blocks at once.
     good = res.ok & (res.data == data).all(axis=1)
     rep.blocks_sent += int(good.sum())
+    if progress is not None:
+        progress.advance(int(good.sum()))
     ends = np.cumsum(counts)
     for row, (cur, start, end) in enumerate(zip(curs, ends - counts, ends, strict=True)):
         if start == end:
@@ -864,3 +938,277 @@ async def _activate(transport: WindowedTransport, d: Discovery, rep: ProgramRepo
         rep.failures.append(
             f"{f.port_name(int(n), int(p))}: left {PortState(int(f.state[n, p])).name} after programming"
         )
+
+
+# -- QoS: SLtoVLMappingTables and VLArbitrationTables -------------------------------------------------------
+
+
+@dataclass
+class NodeQos:
+    """The QoS tables one node holds as far as we know: ``sl2vl[in, out]`` (a CA: in 0 only) 8 bytes,
+    ``vlarb[port, block - 1]`` 64 bytes; ``*_known`` where we know."""
+
+    sl2vl: npt.NDArray[np.uint8]
+    sl2vl_known: npt.NDArray[np.bool_]
+    vlarb: npt.NDArray[np.uint8]
+    vlarb_known: npt.NDArray[np.bool_]
+
+    @classmethod
+    def empty(cls, nports: int, switch: bool) -> NodeQos:
+        n_in = nports + 1 if switch else 1
+        return cls(
+            np.zeros((n_in, nports + 1, SL2VL_SIZE), np.uint8),
+            np.zeros((n_in, nports + 1), bool),
+            np.zeros((nports + 1, 4, VLARB_TABLE.size), np.uint8),
+            np.zeros((nports + 1, 4), bool),
+        )
+
+
+HeldQos = dict[int, NodeQos]
+"""Node GUID -> the SL2VL and VLArb tables it holds as far as we know."""
+
+QOS_CHUNK = 32768
+"""QoS table SMPs built and sent per batch (a large fabric has millions of SL2VL tables)."""
+
+
+@dataclass
+class QosReport:
+    sl2vl_sent: int = 0
+    sl2vl_skipped: int = 0
+    vlarb_sent: int = 0
+    vlarb_skipped: int = 0
+    read: int = 0
+    """Tables read first because what the port held was not known (a new port, a new process)."""
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _QosRows:
+    """Every table a plan sets, one row each, grouped by node (``spans``)."""
+
+    node: npt.NDArray[np.int64]
+    attr: npt.NDArray[np.int64]
+    a: npt.NDArray[np.int64]
+    """SL2VL: input port; VLArb: port."""
+    b: npt.NDArray[np.int64]
+    """SL2VL: output port; VLArb: block 1..4."""
+    want: npt.NDArray[np.uint8]
+    """``[rows, 64]``: the bytes to set (an SL2VL table in the first 8)."""
+    count: npt.NDArray[np.int64]
+    """Leading bytes that count when compared (a VLArb block's entries past its length do not)."""
+    spans: list[tuple[int, int, int]]
+    """(node, first row, end row)."""
+
+
+def _qos_rows(d: Discovery, plan: QosPlan) -> _QosRows:
+    f = d.fabric
+    packed = pack_sl2vl(plan.sl2vl_out)
+    sl_attr, arb_attr = int(SmpAttr.SL2VL_TABLE), int(SmpAttr.VLARB_TABLE)
+    nodes_l: list[npt.NDArray[np.int64]] = []
+    attr_l: list[npt.NDArray[np.int64]] = []
+    a_l: list[npt.NDArray[np.int64]] = []
+    b_l: list[npt.NDArray[np.int64]] = []
+    want_l: list[npt.NDArray[np.uint8]] = []
+    count_l: list[npt.NDArray[np.int64]] = []
+    spans: list[tuple[int, int, int]] = []
+    arb_rows_of: dict[int, npt.NDArray[np.intp]] = {}
+    if plan.vlarb_ports.size:
+        order = np.argsort(plan.vlarb_ports[:, 0], kind="stable")
+        nodes_sorted = plan.vlarb_ports[order, 0]
+        cuts = np.flatnonzero(np.diff(nodes_sorted)) + 1
+        for grp in np.split(order, cuts):
+            arb_rows_of[int(plan.vlarb_ports[grp[0], 0])] = grp
+    sl_nodes = set(np.flatnonzero(plan.sl2vl_set.any(axis=1)).tolist()) | set(plan.sl2vl_p0)
+    at = 0
+    for n in sorted(sl_nodes | set(arb_rows_of)):
+        start = at
+        if n in sl_nodes:
+            outs = np.flatnonzero(plan.sl2vl_set[n])
+            ins = np.arange(int(f.nports[n]) + 1) if f.is_switch(n) else np.zeros(1, np.int64)
+            ii = np.repeat(ins, outs.size)
+            oo = np.tile(outs, ins.size)
+            w = np.zeros((ii.size, 64), np.uint8)
+            w[:, :SL2VL_SIZE] = packed[n, oo]
+            if n in plan.sl2vl_p0:
+                hit = (ii == 0) & (oo == 0)
+                w[hit, :SL2VL_SIZE] = pack_sl2vl(plan.sl2vl_p0[n])
+            nodes_l.append(np.full(ii.size, n, np.int64))
+            attr_l.append(np.full(ii.size, sl_attr, np.int64))
+            a_l.append(ii.astype(np.int64))
+            b_l.append(oo.astype(np.int64))
+            want_l.append(w)
+            count_l.append(np.full(ii.size, SL2VL_SIZE, np.int64))
+            at += ii.size
+        arb = arb_rows_of.get(n)
+        if arb is not None:
+            lens = plan.vlarb_len[arb]  # [g, 4]
+            r, blk = np.nonzero(lens != 0)
+            rows = arb[r]
+            nodes_l.append(np.full(r.size, n, np.int64))
+            attr_l.append(np.full(r.size, arb_attr, np.int64))
+            a_l.append(plan.vlarb_ports[rows, 1].astype(np.int64))
+            b_l.append((blk + 1).astype(np.int64))
+            want_l.append(plan.vlarb[rows, blk].reshape(r.size, 64))
+            count_l.append(2 * np.maximum(lens[r, blk], 0).astype(np.int64))
+            at += r.size
+        spans.append((n, start, at))
+
+    def cat(parts: list[Any], dtype: Any, shape: tuple[int, ...] = ()) -> Any:
+        return np.concatenate(parts) if parts else np.zeros((0, *shape), dtype)
+
+    return _QosRows(cat(nodes_l, np.int64), cat(attr_l, np.int64), cat(a_l, np.int64), cat(b_l, np.int64),
+                    cat(want_l, np.uint8, (64,)), cat(count_l, np.int64), spans)  # fmt: skip
+
+
+def _held_rows(d: Discovery, t: _QosRows, held: HeldQos) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """What the ports hold of each row (``[rows, 64]``) and whether we know it."""
+    f = d.fabric
+    cur = np.zeros((t.node.size, 64), np.uint8)
+    known = np.zeros(t.node.size, bool)
+    sl_attr = int(SmpAttr.SL2VL_TABLE)
+    for n, lo, hi in t.spans:
+        h = held.get(int(f.node_guid[n]))
+        if h is None:
+            h = held[int(f.node_guid[n])] = NodeQos.empty(int(f.nports[n]), f.is_switch(n))
+        sl = t.attr[lo:hi] == sl_attr
+        a, b = t.a[lo:hi], t.b[lo:hi]
+        j = np.flatnonzero(sl)
+        cur[lo + j, :SL2VL_SIZE] = h.sl2vl[a[j], b[j]]
+        known[lo + j] = h.sl2vl_known[a[j], b[j]]
+        j = np.flatnonzero(~sl)
+        cur[lo + j] = h.vlarb[a[j], b[j] - 1]
+        known[lo + j] = h.vlarb_known[a[j], b[j] - 1]
+    return cur, known
+
+
+def _learn(d: Discovery, t: _QosRows, held: HeldQos, rows: npt.NDArray[np.intp], data: npt.NDArray[np.uint8],
+           ok: npt.NDArray[np.bool_]) -> None:  # fmt: skip
+    """Rows ``rows`` now hold ``data`` where ``ok``, and are unknown where not."""
+    f = d.fabric
+    sl_attr = int(SmpAttr.SL2VL_TABLE)
+    span_of = np.searchsorted(np.array([lo for _, lo, _ in t.spans]), rows, side="right") - 1
+    for s in np.unique(span_of).tolist():
+        n = t.spans[s][0]
+        h = held[int(f.node_guid[n])]
+        sel = span_of == s
+        r, dd, good = rows[sel], data[sel], ok[sel]
+        a, b = t.a[r], t.b[r]
+        sl = t.attr[r] == sl_attr
+        j = np.flatnonzero(sl)
+        h.sl2vl[a[j], b[j]] = dd[j, :SL2VL_SIZE]
+        h.sl2vl_known[a[j], b[j]] = good[j]
+        j = np.flatnonzero(~sl)
+        h.vlarb[a[j], b[j] - 1] = dd[j]
+        h.vlarb_known[a[j], b[j] - 1] = good[j]
+
+
+async def set_qos_tables(
+    transport: WindowedTransport, d: Discovery, plan: QosPlan, held: HeldQos, keys: MKeys | None = None
+) -> QosReport:
+    """The SLtoVLMappingTable and VLArbitrationTable Sets of the tables that differ from what the ports hold.
+
+    A table we hold nothing for is read first (all of them in batches), as P_Key tables are: a second
+    run over a configured fabric writes nothing. A table that does not read is sent. Each answer
+    becomes what the port holds; a Set whose answer differs from what was sent is a failure (and is
+    sent again next time). Everything as arrays, in batches of :data:`QOS_CHUNK` SMPs."""
+    rep = QosReport()
+    f = d.fabric
+    t = _qos_rows(d, plan)
+    if not t.node.size:
+        return rep
+    cur, known = _held_rows(d, t, held)
+    routes: list[Path] = list(d.paths)
+    extra: dict[Path, int] = {}
+    which = t.node.copy()
+    sl = t.attr == int(SmpAttr.SL2VL_TABLE)
+    sw = f.node_type[t.node] == NodeType.SWITCH
+    mods = np.where(sl, np.where(sw, t.a << 8 | t.b, 0), t.b << 16 | np.where(sw, t.a, 0)).astype(np.int64)
+    for j in np.flatnonzero(~sw).tolist():  # a CA: by a path that arrives at that port
+        port = int(t.b[j] if sl[j] else t.a[j])
+        which[j] = _pkey_route(d, routes, extra, int(t.node[j]), port)[0]
+    mkeys = None
+    if keys is not None:
+        ports = np.where(sl, t.b, t.a)
+        mkeys = keys.rows(f, t.node.tolist(), ports.tolist())
+    unknown = np.flatnonzero(~known)
+    if unknown.size:
+        got, ok, _ = await _qos_batch(transport, Method.GET, t, routes, which, mods, unknown, None, mkeys)
+        _learn(d, t, held, unknown, got, ok)
+        cur[unknown] = got
+        known[unknown] = ok
+        rep.read += int(ok.sum())
+    byte = np.arange(64)[None, :] < t.count[:, None]
+    differ = ~known | ((cur != t.want) & byte).any(axis=1)
+    todo = np.flatnonzero(differ)
+    n_sl = int(sl.sum())
+    rep.sl2vl_skipped = n_sl - int(sl[todo].sum())
+    rep.vlarb_skipped = (t.node.size - n_sl) - int((~sl[todo]).sum())
+    if not todo.size:
+        return rep
+    got, ok, errors = await _qos_batch(transport, Method.SET, t, routes, which, mods, todo, t.want, mkeys)
+    same = ((got == t.want[todo]) | ~byte[todo]).all(axis=1)
+    _learn(d, t, held, todo, got, ok & same)
+    good = ok & same
+    rep.sl2vl_sent = int((good & sl[todo]).sum())
+    rep.vlarb_sent = int((good & ~sl[todo]).sum())
+    for k in np.flatnonzero(~good).tolist():
+        j = int(todo[k])
+        n, a, b = int(t.node[j]), int(t.a[j]), int(t.b[j])
+        what = (f"{f.port_name(n, b)}: SLtoVLMappingTable from port {a}" if sl[j]
+                else f"{f.port_name(n, a)}: VLArbitrationTable block {b}")  # fmt: skip
+        if not ok[k]:
+            rep.failures.append(f"{what} Set failed: {errors.get(k, 'no answer')}")
+        else:
+            c = int(t.count[j])
+            rep.failures.append(f"{what} reads back {got[k, :c].tobytes().hex()}, not {t.want[j, :c].tobytes().hex()}")
+    return rep
+
+
+async def _qos_batch(
+    transport: WindowedTransport,
+    method: int,
+    t: _QosRows,
+    routes: list[Path],
+    which: npt.NDArray[np.int64],
+    mods: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.intp],
+    want: npt.NDArray[np.uint8] | None,
+    mkeys: npt.NDArray[np.uint64] | None,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_], dict[int, Any]]:
+    """QoS table SMPs for ``rows`` (both attributes), in chunks: the answers' 64 bytes, answered, errors by
+    position in ``rows``."""
+    got = np.zeros((rows.size, 64), np.uint8)
+    ok = np.zeros(rows.size, bool)
+    errors: dict[int, Any] = {}
+    for lo in range(0, rows.size, QOS_CHUNK):
+        r = rows[lo : lo + QOS_CHUNK]
+        res = await smp_batch_dr(transport, method, t.attr[r], routes, which[r], mods[r],
+                                 want[r] if want is not None else None,
+                                 mkeys=mkeys[r] if mkeys is not None else None)  # fmt: skip
+        got[lo : lo + r.size] = res.data[:, :64]
+        ok[lo : lo + r.size] = res.ok
+        errors.update((lo + k, e) for k, e in res.errors.items())
+    sl = t.attr[rows] == int(SmpAttr.SL2VL_TABLE)
+    got[sl, SL2VL_SIZE:] = 0
+    return got, ok, errors
+
+
+_QOS_COLUMNS = ("CapabilityMask", "VLArbitrationLowCap", "VLArbitrationHighCap", "OperationalVLs")
+
+
+def qos_port_columns(d: Discovery) -> dict[str, npt.NDArray[Any]]:
+    """The PortInfo columns QoS planning reads (``sm.qos.plan.plan_qos``), per ``[node, port]``, from the
+    bytes each port holds; ``known``: its PortInfo was read."""
+    f = d.fabric
+    info = d.port_info
+    shape = f.port_exists.shape
+    out: dict[str, npt.NDArray[Any]] = {name: np.zeros(shape, np.int64) for name in _QOS_COLUMNS}
+    out["known"] = np.zeros(shape, bool)
+    keys = [k for k in info if info.raw(k) is not None]
+    if keys:
+        kn, kp = np.array(keys, np.intp).reshape(-1, 2).T
+        rows = np.frombuffer(b"".join([info.raw(k) or b"" for k in keys]), np.uint8).reshape(len(keys), -1)
+        for name in _QOS_COLUMNS:
+            out[name][kn, kp] = _PORT_INFO.column(rows, name).astype(np.int64)
+        out["known"][kn, kp] = True
+    return out
