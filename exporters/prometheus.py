@@ -1186,21 +1186,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 def accepts_openmetrics(header: str) -> bool:
     """Whether an ``Accept`` value asks for OpenMetrics: client_python's rule (the media type named
     anywhere in the list), except with ``q=0``."""
-    for part in header.split(","):
-        media, _, params = part.partition(";")
-        if media.strip().lower() != "application/openmetrics-text":
-            continue
-        q = 1.0
-        for p in params.split(";"):
-            k, _, v = p.strip().partition("=")
-            if k.strip().lower() == "q":
-                try:
-                    q = float(v)
-                except ValueError:
-                    q = 0.0
-        if q > 0:
-            return True
-    return False
+    return _accepts(header, ("application/openmetrics-text",))
 
 
 @dataclass
@@ -1390,11 +1376,11 @@ def render_metrics(inputs: MetricsInputs, openmetrics: bool = False, selection: 
     return MetricsRenderer(lambda: inputs).exposition(openmetrics, selection).text()
 
 
-def accepts_gzip(header: str) -> bool:
-    """Whether an ``Accept-Encoding`` value takes gzip (``gzip`` or ``*`` with a q-value above 0; RFC 9110)."""
+def _accepts(header: str, names: tuple[str, ...]) -> bool:
+    """Whether a comma-separated header value lists one of ``names`` (lower case) with a q-value above 0."""
     for part in header.split(","):
         name, _, params = part.partition(";")
-        if name.strip().lower() not in ("gzip", "*"):
+        if name.strip().lower() not in names:
             continue
         q = 1.0
         for p in params.split(";"):
@@ -1407,6 +1393,11 @@ def accepts_gzip(header: str) -> bool:
         if q > 0:
             return True
     return False
+
+
+def accepts_gzip(header: str) -> bool:
+    """Whether an ``Accept-Encoding`` value takes gzip (``gzip`` or ``*`` with a q-value above 0; RFC 9110)."""
+    return _accepts(header, ("gzip", "*"))
 
 
 class MetricsHandler:

@@ -192,3 +192,30 @@ def keep_before_loss(path: str | os.PathLike[str], what: str, error: type[Except
             f"{e.strerror or e}; {p} left as it is"
         ) from e
     return f"{p}: entries dropped or changed; the previous file is kept as {bak}" if kept else None
+
+
+class TextFileError(Exception):
+    """A configuration file that cannot be read as UTF-8 text: where (``line``, ``col``; 0, 0 for the
+    whole file), why, and whether the file is simply missing."""
+
+    def __init__(self, line: int, col: int, reason: str, *, missing: bool = False) -> None:
+        super().__init__(reason)
+        self.line, self.col, self.reason, self.missing = line, col, reason, missing
+
+
+def read_utf8(path: str | os.PathLike[str]) -> str:
+    """The text of a configuration file; :class:`TextFileError` locates a byte that is not UTF-8."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise TextFileError(0, 0, "no such file", missing=True) from None
+    except OSError as e:
+        raise TextFileError(0, 0, f"cannot read: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[: e.start]
+        line = before.count(b"\n") + 1
+        col = len(before) - (before.rfind(b"\n") + 1) + 1
+        raise TextFileError(line, col, f"not UTF-8 text (byte 0x{data[e.start]:02x})") from None

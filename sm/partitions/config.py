@@ -99,6 +99,7 @@ from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from fabric.errors import IbfmError
+from fabric.fileio import TextFileError, read_utf8
 
 __all__ = [
     "DEFAULT_PKEY",
@@ -276,21 +277,11 @@ def load_partitions(path: str | os.PathLike[str], *, missing_ok: bool = False) -
     """
     name = os.fspath(path)
     try:
-        with open(name, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        if missing_ok:
+        text = read_utf8(name)
+    except TextFileError as e:
+        if e.missing and missing_ok:
             return default_partitions(name)
-        raise PartitionConfigError(name, 0, 0, "no such file") from None
-    except OSError as e:
-        raise PartitionConfigError(name, 0, 0, f"cannot read: {e.strerror or e}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        before = data[: e.start]
-        line = before.count(b"\n") + 1
-        col = len(before) - (before.rfind(b"\n") + 1) + 1
-        raise PartitionConfigError(name, line, col, f"not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+        raise PartitionConfigError(name, e.line, e.col, e.reason) from None
     return parse_partitions(text, name)
 
 

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fabric.errors import IbfmError
+from fabric.fileio import TextFileError, read_utf8
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -331,19 +332,9 @@ def load_qos_policy(path: str | os.PathLike[str]) -> QosPolicy:
     """Read and parse a QoS policy file (UTF-8); a file that cannot be read is a :class:`QosPolicyError`."""
     name = os.fspath(path)
     try:
-        with open(name, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        raise QosPolicyError(name, 0, 0, "no such file") from None
-    except OSError as e:
-        raise QosPolicyError(name, 0, 0, f"cannot read: {e.strerror or e}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        before = data[: e.start]
-        line = before.count(b"\n") + 1
-        col = len(before) - (before.rfind(b"\n") + 1) + 1
-        raise QosPolicyError(name, line, col, f"not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+        text = read_utf8(name)
+    except TextFileError as e:
+        raise QosPolicyError(name, e.line, e.col, e.reason) from None
     return parse_qos_policy(text, name)
 
 
