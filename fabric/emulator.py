@@ -153,6 +153,7 @@ DEFAULT_VLARB = np.array(
 Low priority (row 0): VL i at weight 4, VL0 at 0; high priority (row 1): VL0 at weight 4, the rest 0."""
 
 _NO_ROUTE = 255
+_NO_ROUTE_BLOCK = bytes([_NO_ROUTE]) * LFT_BLOCK
 
 _S = TypeVar("_S", bound=np.generic)
 
@@ -487,8 +488,10 @@ class EmulatedFabric:
         self._present = bytearray(b"\x01" * n)
 
         # -- switch state
-        self.lft = np.full((sw.size, lft_cap), _NO_ROUTE, np.uint8)
-        """``uint8[switch row, LID]``: each switch's LinearForwardingTable (255 = no route)."""
+        self._lft = np.full((sw.size, min(LFT_BLOCK, lft_cap)), _NO_ROUTE, np.uint8)
+        """The LFTs as far as LIDs are in use (see :attr:`lft`); beyond its width every entry is 255."""
+        self._lid_top = 0
+        """Highest LID given to a port since the LFTs last grew (a high-water mark)."""
         self.lft_top = np.zeros(sw.size, np.int64)
         """SwitchInfo.LinearFDBTop per switch row."""
         self.port_state_change = np.zeros(sw.size, np.bool_)
@@ -556,11 +559,15 @@ class EmulatedFabric:
         self.sm_info: dict[tuple[int, int], SmRecord] = {}
 
         # -- PMA
-        self.counters = np.zeros((n, pp, N_COUNTERS), np.uint64)
-        """Running totals per ``[node, port, Counter]`` (never cleared; views keep bases)."""
-        self._base32 = np.zeros((n, pp, N_PC32), np.uint64)
-        self._base64 = np.zeros((n, pp, len(_PCX_FIELDS)), np.uint64)
-        self._residue = np.zeros((3, n, pp), np.float64)
+        # one row per existing port (``_port_ix``), plus a spare zero row for a PortSelect naming
+        # a port the fabric lacks (``_pma_ix``): about 15% of the [node, port] cells at 11,664 hosts
+        n_rows = int(np.count_nonzero(f.port_exists)) + 1
+        self._pma_ix = np.where(self._port_ix >= 0, self._port_ix, n_rows - 1)
+        self._ctr = np.zeros((n_rows, N_COUNTERS), np.uint64)
+        """Running totals per ``[port row, Counter]`` (never cleared; views keep bases): see :attr:`counters`."""
+        self._base32 = np.zeros((n_rows, N_PC32), np.uint64)
+        self._base64 = np.zeros((n_rows, len(_PCX_FIELDS)), np.uint64)
+        self._residue = np.zeros((3, n_rows), np.float64)
         self.pma_ext_width = np.ones(n, np.bool_)
         """ClassPortInfo advertises IsExtendedWidthSupported (PortCountersExtended answered)."""
 
@@ -638,6 +645,44 @@ class EmulatedFabric:
         self._sl2vl[sl2vl_first:sl2vl_end] = np.frombuffer(DEFAULT_SL2VL, np.uint8)
         self._vlarb[first:end] = DEFAULT_VLARB
 
+    # -- LFTs and counters -----------------------------------------------------------
+
+    @property
+    def counters(self) -> npt.NDArray[np.uint64]:
+        """Running totals per ``[node, port, Counter]``, never cleared (views keep bases).
+
+        A dense copy built at each access (for tests and tools): the emulator keeps a row
+        per existing port; raise a counter with :meth:`add_counter`.
+        """
+        out = np.zeros((self._n, self._P, N_COUNTERS), np.uint64)
+        out[self.fabric.port_exists] = self._ctr[:-1]
+        return out
+
+
+    @property
+    def lft(self) -> npt.NDArray[np.uint8]:
+        """``uint8[switch row, LID]``: each switch's LinearForwardingTable (255 = no route).
+
+        Its width covers the LIDs in use and the blocks programmed, in whole 64-LID
+        blocks, not the whole LinearFDBCap (0xC000 LIDs would be 76 MiB at 1,620
+        switches); every LID beyond it routes nowhere. It grows, as a new array, when
+        a higher LID is given to a port or an LFT block beyond it is programmed.
+        """
+        if self._lid_top >= self._lft.shape[1]:
+            self._lft_cover(self._lid_top)
+        return self._lft
+
+    def _lft_cover(self, lid: int) -> None:
+        """Widen the LFTs (255-filled) to the 64-LID block holding ``lid`` or the highest LID in use."""
+        width = self._lft.shape[1]
+        if lid < width:
+            return
+        lid = max(lid, self._lid_top)  # once for every LID in use, not a block at a time
+        new = min(self.lft_cap, (lid // LFT_BLOCK + 1) * LFT_BLOCK)
+        grown = np.full((self._lft.shape[0], new), _NO_ROUTE, np.uint8)
+        grown[:, :width] = self._lft
+        self._lft = grown
+
     # -- derived state ------------------------------------------------------------
 
     def _rebuild(self) -> None:
@@ -652,6 +697,7 @@ class EmulatedFabric:
             b = int(base[node, port])
             span = 1 << int(f.lmc[node, port])
             self._lid_owner[b : min(b + span, MAX_UNICAST_LID + 1)] = node * pp + port
+            self._lid_top = max(self._lid_top, min(b + span - 1, self.lft_cap - 1))
         self._pi_cache.clear()
         self._pi_stale.clear()
         self._pi_rows[:] = self._port_info_rows()
@@ -1096,7 +1142,7 @@ class EmulatedFabric:
             if owner == node * stride:
                 return node, ingress
             row = rows[node]
-            if dlid > top[row] or dlid >= self.lft_cap:
+            if dlid > top[row] or dlid >= lft.shape[1]:
                 return None
             out = int(lft[row, dlid])
             if out == 0 or out > nports[node]:
@@ -1227,8 +1273,11 @@ class EmulatedFabric:
             return data, _INVALID
         lo = attr_mod * LFT_BLOCK
         if is_set:
-            self.lft[row, lo : lo + LFT_BLOCK] = np.frombuffer(data, np.uint8, LFT_BLOCK)
-        return self.lft[row, lo : lo + LFT_BLOCK].tobytes(), _OK
+            self._lft_cover(lo + LFT_BLOCK - 1)
+            self._lft[row, lo : lo + LFT_BLOCK] = np.frombuffer(data, np.uint8, LFT_BLOCK)
+        elif lo >= self.lft.shape[1]:
+            return _NO_ROUTE_BLOCK, _OK  # beyond every LID in use: nothing programmed there
+        return self._lft[row, lo : lo + LFT_BLOCK].tobytes(), _OK
 
     def _h_mft(self, node: int, in_port: int, attr_mod: int, data: bytes, is_set: bool) -> tuple[bytes, int]:
         # Modifier: block (32 MLIDs) in bits 0-8, position (16 ports a PortMask) in bits 28-31.
@@ -1525,6 +1574,7 @@ class EmulatedFabric:
         f.lmc[node, port] = lmc
         if lid:
             self._lid_owner[lid : lid + (1 << lmc)] = key
+            self._lid_top = max(self._lid_top, min(lid + (1 << lmc) - 1, self.lft_cap - 1))
         self._forget_port_info(node, port)
 
     # -- PerfMgt handlers ---------------------------------------------------------------
@@ -1563,12 +1613,15 @@ class EmulatedFabric:
             if sel:
                 want = np.array([int(v[_PC32_FIELDS[i]]) for i in sel], np.uint64)
                 for p in ports:
-                    self._base32[node, p, sel] = self.counters[node, p, sel] - want
+                    r = int(self._pma_ix[node, p])
+                    self._base32[r, sel] = self._ctr[r, sel] - want
         if len(ports) == 1:
-            diff = (self.counters[node, select, :N_PC32] - self._base32[node, select]).tolist()
+            r = int(self._pma_ix[node, select])
+            diff = (self._ctr[r, :N_PC32] - self._base32[r]).tolist()
             vals = [d if d < top else top for d, top in zip(diff, _PC32_MAX_LIST, strict=True)]
         else:
-            per_port = self.counters[node, ports, :N_PC32] - self._base32[node, ports]
+            rows = self._pma_ix[node, ports]
+            per_port = self._ctr[rows, :N_PC32] - self._base32[rows]
             total = np.minimum(per_port, _PC32_MAX).sum(axis=0, dtype=np.uint64)
             vals = np.minimum(total, _PC32_MAX).tolist()
         out: dict[str, int] = dict(zip(_PC32_FIELDS, vals, strict=True))
@@ -1592,8 +1645,10 @@ class EmulatedFabric:
                 want = np.array([int(v[_PCX_FIELDS[i]]) for i in sel], np.uint64)
                 cidx = _PCX_COUNTERS[sel]
                 for p in ports:
-                    self._base64[node, p, sel] = self.counters[node, p, cidx] - want
-        diff = self.counters[node, ports][:, _PCX_COUNTERS] - self._base64[node, ports]
+                    r = int(self._pma_ix[node, p])
+                    self._base64[r, sel] = self._ctr[r, cidx] - want
+        rows = self._pma_ix[node, ports]
+        diff = self._ctr[rows][:, _PCX_COUNTERS] - self._base64[rows]
         out: dict[str, int] = dict(zip(_PCX_FIELDS, diff.sum(axis=0, dtype=np.uint64).tolist(), strict=True))
         out["PortSelect"] = select
         return PORT_COUNTERS_EXT.pack(out), _OK
@@ -1641,7 +1696,7 @@ class EmulatedFabric:
         for a, b in ends:
             if self.disabled[a, b]:
                 f.phys_state[a, b] = PhysState.DISABLED
-            self.counters[a, b, Counter.LINK_DOWNED] += np.uint64(1)
+            self._ctr[self._pma_ix[a, b], Counter.LINK_DOWNED] += np.uint64(1)
             self._sync_port(a, b)
         return self._mark_state_change(ends)
 
@@ -1750,13 +1805,14 @@ class EmulatedFabric:
         self.width_enabled[node] = np.where(ex, f.width_cap[node], 0)
         f.mtu_active[node] = np.where(ex, f.mtu_cap[node], 0)
         f.op_vls[node] = np.where(ex, 1, 0)
-        self.counters[node] = 0
-        self._base32[node] = 0
-        self._base64[node] = 0
-        self._residue[:, node] = 0.0
+        mine = self._port_ix[node][ex]
+        self._ctr[mine] = 0
+        self._base32[mine] = 0
+        self._base64[mine] = 0
+        self._residue[:, mine] = 0.0
         r = self._sw_row[node]
         if r >= 0:
-            self.lft[r] = _NO_ROUTE
+            self._lft[r] = _NO_ROUTE
             self.lft_top[r] = 0
             self.port_state_change[r] = False
             self.life_time[r] = 18
@@ -1933,35 +1989,38 @@ class EmulatedFabric:
         for name, r in zip(("bytes", "packets", "XmitWait"), rates, strict=True):
             if np.shape(r) != shape:
                 raise EmulatorError(f"traffic {name} rates have shape {np.shape(r)}, expected {shape}")
-        live = self.data_mask()
-        xb, xp, xw = (np.clip(np.asarray(r, np.float64), 0.0, None) for r in rates)
+        f = self.fabric
+        ex = f.port_exists
+        live = self.data_mask()[ex]
+        xb, xp, xw = (np.clip(np.asarray(r, np.float64)[ex], 0.0, None) for r in rates)
         words = self._accumulate(0, xb / 4.0, seconds, live)
         pkts = self._accumulate(1, xp, seconds, live)
         wait = self._accumulate(2, xw, seconds, live)
-        c = self.counters
-        c[..., Counter.XMIT_DATA] += words
-        c[..., Counter.XMIT_PKTS] += pkts
-        c[..., Counter.UNICAST_XMIT_PKTS] += pkts
-        c[..., Counter.XMIT_WAIT] += wait
-        f = self.fabric
-        src = np.nonzero(f.peer_node != NO_PEER)
-        dst = (f.peer_node[src].astype(np.intp), f.peer_port[src].astype(np.intp))
+        c = self._ctr[:-1]  # rows in port_exists order
+        c[:, Counter.XMIT_DATA] += words
+        c[:, Counter.XMIT_PKTS] += pkts
+        c[:, Counter.UNICAST_XMIT_PKTS] += pkts
+        c[:, Counter.XMIT_WAIT] += wait
+        src = np.nonzero(ex & (f.peer_node != NO_PEER))
+        s_row = self._port_ix[src]
+        d_row = self._port_ix[f.peer_node[src].astype(np.intp), f.peer_port[src].astype(np.intp)]
+        ok = d_row >= 0
+        s_row, d_row = s_row[ok], d_row[ok]
         for in_c, val in (
             (Counter.RCV_DATA, words),
             (Counter.RCV_PKTS, pkts),
             (Counter.UNICAST_RCV_PKTS, pkts),
         ):
-            rcv = np.zeros(shape, np.uint64)
-            rcv[dst] = val[src]  # a port receives what its peer sent
-            c[..., in_c] += rcv
+            c[d_row, in_c] += val[s_row]  # a port receives what its peer sent
         self.time += seconds
 
     def _accumulate(
         self, i: int, rate: npt.NDArray[np.float64], seconds: float, live: npt.NDArray[np.bool_]
     ) -> npt.NDArray[np.uint64]:
-        tot = np.where(live, rate * seconds, 0.0) + self._residue[i]
+        res = self._residue[i, :-1]
+        tot = np.where(live, rate * seconds, 0.0) + res
         whole = np.floor(tot)
-        self._residue[i] = tot - whole
+        res[:] = tot - whole
         return whole.astype(np.uint64)
 
     def add_counter(self, node: int, port: int, counter: Counter, amount: int = 1) -> None:
@@ -1970,7 +2029,7 @@ class EmulatedFabric:
             raise EmulatorError(f"{self.fabric.port_name(node, port)}: no such port")
         if amount < 0:
             raise EmulatorError(f"counter increments are not negative ({amount})")
-        self.counters[node, port, counter] += np.uint64(amount)
+        self._ctr[self._port_ix[node, port], counter] += np.uint64(amount)
 
     # -- set-up helpers for tests and tools -------------------------------------------------
 
@@ -2030,8 +2089,9 @@ class EmulatedFabric:
         f.lmc[:] = np.where(ends, lmc, 0)
         self.master_sm_lid[:] = np.where(ends, f.lid[self.sm_node, self.sm_port], 0)
         if lft is not None:
-            self.lft[:] = _NO_ROUTE
-            self.lft[:, : lft.shape[1]] = lft
+            self._lft_cover(lft.shape[1] - 1)
+            self._lft[:] = _NO_ROUTE
+            self._lft[:, : lft.shape[1]] = lft
             self.lft_top[:] = lft.shape[1] - 1
         if state is not None:
             up = (f.peer_node != NO_PEER) & (f.phys_state == PhysState.LINKUP)

@@ -423,6 +423,33 @@ def test_lft_blocks() -> None:
     assert answer(set_dr(emu, SmpAttr.LFT, (1,), bytes(64), mod=last))[0] == MadStatus.INVALID_FIELD
 
 
+def test_lft_width_follows_the_lids_in_use() -> None:
+    emu = EmulatedFabric(small())
+    assert emu.lft.shape == (6, 64)  # no LIDs yet: one block, not LinearFDBCap's 0xC000 LIDs
+    assert answer(get_dr(emu, SmpAttr.LFT, (1,), 700))[1][:64] == bytes([255]) * 64  # beyond: nothing, no growth
+    assert emu.lft.shape[1] == 64
+    set_port_info(emu, (1,), 0, LID=300)  # a LID given to a port: its block is there to write
+    assert emu.lft.shape[1] == 320 and (emu.lft == 255).all()
+    ports = np.full(64, 2, np.uint8)
+    assert answer(set_dr(emu, SmpAttr.LFT, (1,), lft_block_pack(ports), mod=9))[0] == MadStatus.OK
+    row = emu.switch_row(LEAF0)
+    assert emu.lft.shape[1] == 640 and (emu.lft[row, 576:640] == 2).all() and (emu.lft[row, :576] == 255).all()
+    assert answer(get_dr(emu, SmpAttr.LFT, (1,), 9))[1][:64] == ports.tobytes()
+    base = np.where(emu.fabric.port_exists, 1000, 0)
+    emu.apply_subnet(base, 0, np.full((6, 2000), 1, np.uint8))
+    assert emu.lft.shape[1] == 2048 and (emu.lft[:, :2000] == 1).all() and (emu.lft[:, 2000:] == 255).all()
+
+
+def test_counters_are_kept_per_existing_port() -> None:
+    emu = EmulatedFabric(small(), traffic=ConstantTraffic(bytes_per_s=4e6, packet_bytes=4000))
+    ex = emu.fabric.port_exists
+    assert emu._ctr.shape[0] == int(ex.sum()) + 1
+    emu.add_counter(LEAF0, 2, Counter.SYMBOL_ERROR, 5)
+    c = emu.counters
+    assert c.shape == (*ex.shape, len(Counter)) and c[LEAF0, 2, Counter.SYMBOL_ERROR] == 5
+    assert c.sum() == 5 and not c[~ex].any()
+
+
 def test_sm_info() -> None:
     fab = small()
     emu = EmulatedFabric(fab)

@@ -20,7 +20,7 @@ from fabric.emulator import ConstantTraffic, Counter, EmulatedFabric
 from fabric.generate import fattree
 from fabric.mad import PORT_COUNTERS, PORT_COUNTERS_EXT, Method, PerfAttr, parse_mad, perf_mad
 from fabric.model import Fabric, NodeType
-from sm.perf.perfmgr import KEYS, RATE_KEYS, PerfManager, PerfMgrError
+from sm.perf.perfmgr import KEYS, RATE_KEYS, PerfManager, PerfMgrError, PortValues
 from sm.sweep.manager import FabricManager, SubnetSnapshot
 from sm.transport.emulated import EmulatedTransport
 
@@ -124,6 +124,43 @@ async def test_totals_grow_with_traffic_and_rates_match() -> None:
     assert pm.sweeps == 3 and pm.last_sweep_time > 0
     assert not pm.device_timeouts.any() and not pm.device_errors.any()
     assert not pm.clears.any()  # every PMA has PortCountersExtended: nothing to clear
+
+
+async def test_counters_are_a_row_per_queried_port_read_as_node_port_arrays() -> None:
+    rig = Rig(fattree(2, 4), ConstantTraffic(bytes_per_s=1e9, packet_bytes=4000))
+    await rig.up()
+    pm, emu, ef = rig.pm, rig.emu, rig.emu.fabric
+    emu.add_counter(ef.by_name("leaf-00"), 2, Counter.SYMBOL_ERROR, 7)
+    await pm.sweep()
+    emu.advance(2.0)
+    emu.add_counter(ef.by_name("leaf-00"), 2, Counter.SYMBOL_ERROR, 10)
+    await pm.sweep()
+    q = pm.queried
+    nq = int(q.sum())
+    assert pm.q_node.size == nq == 32
+    # storage: one row per queried port, not a cell per [node, port]
+    t = pm.totals["xmit_data_bytes"]
+    assert isinstance(t, PortValues) and t.rows.shape == (nq,) and t.shape == q.shape and t.dtype == np.uint64
+    assert pm._last["symbol_errors"].dtype == np.uint32 and pm._last["xmit_data_bytes"].dtype == np.uint64
+    assert (pm.row_of[q] == np.arange(nq)).all() and (pm.row_of[~q] == -1).all()
+    # indexing as before: scalars, fancy, masks, slices, whole; 0 / NaN where not queried
+    dense = np.asarray(t)
+    assert dense.shape == q.shape and (dense[~q] == 0).all() and (dense[q] == t.rows).all()
+    n = rig.node("leaf-00")
+    assert t[n, 1] == dense[n, 1] > 0 and t[n, 0] == 0 and isinstance(t[n, 1], np.uint64)
+    assert (t[pm.q_node, pm.q_port] == t.rows).all() and (t[q] == dense[q]).all()
+    assert (t[n, 1:3] == dense[n, 1:3]).all() and (t[n] == dense[n]).all()
+    assert (t.ravel() != 0).sum() == np.count_nonzero(dense) and (t.ravel()[np.flatnonzero(q)] == t.rows).all()
+    first = t.copy()
+    r = pm.rates["xmit_data_bytes"]
+    assert np.isnan(r[n, 0]) and r[n, 1] == pytest.approx(1e9) and np.isnan(np.asarray(r)[~q]).all()
+    # the error counters have rates too
+    assert {"symbol_errors", "link_downed", "rcv_errors", "xmit_discards"} <= set(RATE_KEYS)
+    assert pm.totals["symbol_errors"][n, 2] == 17 and pm.rates["symbol_errors"][n, 2] == pytest.approx(5.0)
+    assert pm.rates["symbol_errors"][n, 1] == 0.0
+    emu.advance(1.0)
+    await pm.sweep()
+    assert (first[q] < np.asarray(t)[q]).all()  # copy() is a snapshot; the view follows the sweeps
 
 
 async def test_error_counters_accumulate_and_are_cleared_before_saturating() -> None:

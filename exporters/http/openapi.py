@@ -1032,13 +1032,36 @@ def build_openapi(*, metrics: bool = False) -> dict[str, Any]:
         }
     }
     if metrics:
+        from exporters.metrics import GROUPS
+
         paths["/metrics"] = {
             "get": {
                 "tags": ["meta"],
                 "operationId": "getMetrics",
                 "summary": "Prometheus exposition",
-                "responses": {"200": {"description": "Prometheus text format",
-                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
+                "description": "OpenMetrics 1.0 when `Accept` names `application/openmetrics-text` (Prometheus "
+                "always does), else the text format 0.0.4; gzipped when `Accept-Encoding` takes gzip. See "
+                "docs/metrics.md.",
+                "parameters": [
+                    _param("collect[]", "query", {"type": "array", "items": {"type": "string", "enum": list(GROUPS)},
+                                                  "uniqueItems": True},
+                           "Family groups to keep (repeat the parameter; none: every group). subnet, sm, partitions "
+                           "and perfmgr are fabric-wide and go to shard 0 only."),
+                    _param("shard", "query", {"type": "string", "pattern": r"^[0-9]+/[0-9]+$", "default": "0/1"},
+                           "i/n with 0 <= i < n <= 1024: this scrape's share of the per-device and per-port rows "
+                           "(a switch by fmix64(node GUID) % n, with its ports and the CAs cabled to it); 0/1 is "
+                           "the whole fabric.", example="1/4"),
+                ],
+                "responses": {
+                    "200": {"description": "The exposition",
+                            "content": {
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8": {
+                                    "schema": {"type": "string"}},
+                                "text/plain; version=0.0.4; charset=utf-8": {"schema": {"type": "string"}},
+                            }},
+                    "400": _json("ErrorBody", "An unknown parameter or group, or a malformed shard (`parameter` "
+                                 "names it)"),
+                },
             }
         }
     return {

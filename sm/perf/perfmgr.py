@@ -10,7 +10,10 @@ MADs of a stage are in flight at once, bounded by the transport's window.
 
 Readings accumulate into 64-bit totals, ``totals[key][node, port]``
 (``numpy.uint64``), and rates over the last interval, ``rates[key][node, port]``
-(``numpy.float64``, NaN where no interval was measured). Units:
+(``numpy.float64``, NaN where no interval was measured). Both are kept as one
+row per queried port (:class:`PortValues`: about 70,000 rows at 11,664 hosts,
+not 13,284 nodes x 37 port numbers) and read like ``[node, port]`` arrays
+through a row map built once per bind. Units:
 
 - ``xmit_data_bytes``, ``rcv_data_bytes``: bytes. PortXmitData/PortRcvData
   count 4-byte words on the wire; totals and rates are multiplied by 4.
@@ -18,7 +21,8 @@ Readings accumulate into 64-bit totals, ``totals[key][node, port]``
   PortCountersExtended with the full (IETF) extension, else they stay 0.
 - ``xmit_wait``: XmitWait ticks (one tick is one FC-clock period in which a
   port had data to send and no credit).
-- error counters (``symbol_errors``, ``link_downed``, ``rcv_errors``, ...): events.
+- error counters (``symbol_errors``, ``link_downed``, ``rcv_errors``, ...): events
+  (and events per second in ``rates``).
 
 Counter semantics. PortCounters saturate at their width (4, 8, 16 or 32
 bits); they never wrap. Each reading is compared with the previous one of the
@@ -47,7 +51,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -144,8 +148,9 @@ RATE_KEYS: tuple[str, ...] = (
     "multicast_xmit_pkts",
     "multicast_rcv_pkts",
     "xmit_wait",
+    *(c.key for c in COUNTERS if c.pcx is None and c.key != "xmit_wait"),
 )
-"""Counters with a per-interval rate (bytes/s, packets/s, XmitWait ticks/s)."""
+"""Counters with a per-interval rate (bytes/s, packets/s, XmitWait ticks/s, error events/s)."""
 UNITS: dict[str, str] = {
     k: ("bytes" if k.endswith("_bytes") else "packets" if k.endswith("_pkts") else "ticks" if k == "xmit_wait"
         else "events")
@@ -159,6 +164,10 @@ _PC_ONLY_DEFS = tuple(c for c in COUNTERS if c.pc is not None and c.pcx is None)
 _X_DEFS = tuple(c for c in COUNTERS if c.pcx is not None)
 
 _SRC_NONE, _SRC_PC, _SRC_EXT = -1, 0, 1
+_KEY_ROW = {k: i for i, k in enumerate(KEYS)}
+_RATE_ROW = {k: i for i, k in enumerate(RATE_KEYS)}
+
+_S = TypeVar("_S", bound=np.generic)
 
 
 class Bindable(Protocol):
@@ -279,18 +288,116 @@ def _check(
 # -- the manager -----------------------------------------------------------------------------
 
 
-class PerfManager:
-    """PMA counters of a whole subnet in ``[node, port]`` arrays, swept on demand or on a timer.
+class PortValues(Generic[_S]):
+    """One value per queried port, read like a ``[node, port]`` array of the bound fabric.
 
-    ``totals[key]``: ``uint64[node, port]`` (see the module text for units);
-    ``rates[key]`` for :data:`RATE_KEYS`: ``float64[node, port]`` per second over the
-    last interval, NaN where not measured. Per node: ``device_timeouts`` and
-    ``device_errors`` (MADs unanswered / answered wrongly, ``uint64``),
-    ``cap_mask`` (PerfMgt ClassPortInfo.CapabilityMask, -1 until read). Per
-    port: ``queried``, ``read_ok`` (answered in the last sweep),
-    ``port_timeouts`` (sweeps in which it did not answer), ``clears`` (our
-    clears), ``external_clears`` (drops seen without a clear of ours). Node and port indices are those of the bound
-    snapshot's fabric. ``clock`` measures intervals for the rates.
+    The PerfManager keeps a compact row per port it reads (``rows``, in query
+    order, about 70,000 at 11,664 hosts) instead of a cell per (node, port
+    number) (13,284 x 37); ``index`` (``int32[node, port]``, -1 where the port
+    is not queried, built once per bind and shared by every counter) maps one
+    to the other. Indexing (``v[n, p]``, ``v[nodes, ports]``, ``v[mask]``,
+    ``v[n, 1:5]``) gathers the rows and answers ``fill`` (0, or NaN for rates)
+    where nothing is read; ``np.asarray(v)`` builds the dense array.
+    """
+
+    __slots__ = ("fill", "index", "rows")
+
+    def __init__(self, rows: npt.NDArray[_S], index: npt.NDArray[np.int32], fill: float) -> None:
+        self.rows = rows
+        self.index = index
+        self.fill = fill
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.index.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.index.ndim
+
+    @property
+    def size(self) -> int:
+        return self.index.size
+
+    @property
+    def dtype(self) -> np.dtype[_S]:
+        return self.rows.dtype
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, key: Any) -> Any:
+        r = self.index[key]
+        if np.ndim(r) == 0:
+            i = int(r)
+            return self.rows[i] if i >= 0 else self.rows.dtype.type(self.fill)
+        out = np.full(np.shape(r), self.fill, self.rows.dtype)
+        hit = r >= 0
+        out[hit] = self.rows[r[hit]]
+        return out
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> npt.NDArray[Any]:
+        dense = self[...]
+        return dense if dtype is None else dense.astype(dtype)
+
+    def ravel(self) -> PortValues[_S]:
+        """Flat, like ``ndarray.ravel`` (no copy of the rows)."""
+        return PortValues(self.rows, self.index.ravel(), self.fill)
+
+    def copy(self) -> npt.NDArray[_S]:
+        """The dense array (a copy: later sweeps do not change it)."""
+        return self[...]  # type: ignore[no-any-return]
+
+    def sum(self, *args: Any, **kwargs: Any) -> Any:
+        return np.asarray(self).sum(*args, **kwargs)
+
+    def any(self, *args: Any, **kwargs: Any) -> Any:
+        return np.asarray(self).any(*args, **kwargs)
+
+    def max(self, *args: Any, **kwargs: Any) -> Any:
+        return np.asarray(self).max(*args, **kwargs)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return np.asarray(self) == other
+
+    def __ne__(self, other: object) -> Any:  # type: ignore[override]
+        return np.asarray(self) != other
+
+    def __lt__(self, other: Any) -> Any:
+        return np.asarray(self) < other
+
+    def __le__(self, other: Any) -> Any:
+        return np.asarray(self) <= other
+
+    def __gt__(self, other: Any) -> Any:
+        return np.asarray(self) > other
+
+    def __ge__(self, other: Any) -> Any:
+        return np.asarray(self) >= other
+
+    def __repr__(self) -> str:
+        return f"PortValues({self.rows.size} rows of {self.rows.dtype}, shape {self.shape})"
+
+
+class PerfManager:
+    """PMA counters of a whole subnet, a row per queried port read as ``[node, port]``; swept on demand or on a timer.
+
+    ``totals[key]``: ``uint64`` per port (see the module text for units);
+    ``rates[key]`` for :data:`RATE_KEYS`: ``float64`` per second over the last
+    interval, NaN where not measured. Both are :class:`PortValues`: a row per
+    queried port (``q_node``, ``q_port``, ``q_lid``, in that order), indexed like
+    ``[node, port]`` arrays of the bound fabric (0 / NaN for ports not queried);
+    ``row_of`` (``int32[node, port]``, -1 for none) is the map, built once per
+    bind. Per node: ``device_timeouts`` and ``device_errors`` (MADs unanswered /
+    answered wrongly, ``uint64``), ``cap_mask`` (PerfMgt ClassPortInfo.CapabilityMask,
+    -1 until read). Per port: ``queried``, ``read_ok`` (answered in the last
+    sweep; dense ``bool[node, port]``), ``port_timeouts`` (sweeps in which it did
+    not answer), ``clears`` (our clears), ``external_clears`` (drops seen without
+    a clear of ours), these three as :class:`PortValues` too. Node and port
+    indices are those of the bound snapshot's fabric. ``clock`` measures
+    intervals for the rates.
     """
 
     def __init__(
@@ -313,42 +420,57 @@ class PerfManager:
         self.last_report: PerfSweepReport | None = None
         self._sweeping = False
         self._pending: Bindable | None = None
-        self._alloc(0, 1)
+        self._alloc(np.zeros((0, 1), np.bool_))
 
     # -- state ---------------------------------------------------------------------------
 
-    def _alloc(self, n: int, pp: int) -> None:
-        shape = (n, pp)
+    def _alloc(self, mask: npt.NDArray[np.bool_]) -> None:
+        """Fresh state for the ports in ``mask`` (``bool[node, port]``): the query plan and a row each."""
+        n, pp = mask.shape
+        qn, qp = np.nonzero(mask)
+        q = qn.size
+        self.q_node: npt.NDArray[np.int64] = qn.astype(np.int64)
+        self.q_port: npt.NDArray[np.int64] = qp.astype(np.int64)
+        self.q_lid: npt.NDArray[np.int64] = np.zeros(q, np.int64)
+        self.row_of: npt.NDArray[np.int32] = np.full((n, pp), -1, np.int32)
+        """Row of each queried port, -1 elsewhere."""
+        self.row_of[qn, qp] = np.arange(q, dtype=np.int32)
+        self.queried: npt.NDArray[np.bool_] = mask
+        self.node_lid: npt.NDArray[np.int64] = np.zeros(n, np.int64)
         self.node_guid: npt.NDArray[np.uint64] = np.zeros(n, np.uint64)
-        self.totals: dict[str, npt.NDArray[np.uint64]] = {k: np.zeros(shape, np.uint64) for k in KEYS}
-        self.rates: dict[str, npt.NDArray[np.float64]] = {k: np.full(shape, np.nan) for k in RATE_KEYS}
         self.device_timeouts: npt.NDArray[np.uint64] = np.zeros(n, np.uint64)
         self.device_errors: npt.NDArray[np.uint64] = np.zeros(n, np.uint64)
         self.cap_mask: npt.NDArray[np.int32] = np.full(n, -1, np.int32)
-        self.queried: npt.NDArray[np.bool_] = np.zeros(shape, np.bool_)
-        self.read_ok: npt.NDArray[np.bool_] = np.zeros(shape, np.bool_)
-        self.port_timeouts: npt.NDArray[np.uint64] = np.zeros(shape, np.uint64)
-        self.clears: npt.NDArray[np.uint64] = np.zeros(shape, np.uint64)
-        self.external_clears: npt.NDArray[np.uint64] = np.zeros(shape, np.uint64)
-        # previous raw readings (counter units), whether there is one, and when
-        self._last: dict[str, npt.NDArray[np.uint64]] = {k: np.zeros(shape, np.uint64) for k in KEYS}
-        self._have: dict[str, npt.NDArray[np.bool_]] = {k: np.zeros(shape, np.bool_) for k in KEYS}
-        self._t_pc: npt.NDArray[np.float64] = np.zeros(shape, np.float64)
-        self._t_x: npt.NDArray[np.float64] = np.zeros(shape, np.float64)
-        self._data_src: npt.NDArray[np.int8] = np.full(shape, _SRC_NONE, np.int8)
-        self._clear_unconfirmed: npt.NDArray[np.bool_] = np.zeros(shape, np.bool_)
-        # the query plan
-        self.q_node: npt.NDArray[np.int64] = np.zeros(0, np.int64)
-        self.q_port: npt.NDArray[np.int64] = np.zeros(0, np.int64)
-        self.q_lid: npt.NDArray[np.int64] = np.zeros(0, np.int64)
-        self.node_lid: npt.NDArray[np.int64] = np.zeros(n, np.int64)
+        self.read_ok: npt.NDArray[np.bool_] = np.zeros((n, pp), np.bool_)
+        # per row
+        self._tot: npt.NDArray[np.uint64] = np.zeros((len(KEYS), q), np.uint64)
+        self._rate: npt.NDArray[np.float64] = np.full((len(RATE_KEYS), q), np.nan)
+        self._last: dict[str, npt.NDArray[np.unsignedinteger]] = {
+            c.key: np.zeros(q, np.uint64 if c.pcx is not None else np.uint32) for c in COUNTERS
+        }
+        """Previous raw readings (counter units): 32 bits where only PortCounters has the counter."""
+        self._have: npt.NDArray[np.bool_] = np.zeros((len(KEYS), q), np.bool_)
+        """Whether ``_last`` holds a reading, per counter (row of :data:`KEYS`) and port."""
+        self._port_counts: npt.NDArray[np.uint64] = np.zeros((3, q), np.uint64)
+        """port_timeouts, clears, external_clears."""
+        self._t_pc: npt.NDArray[np.float64] = np.zeros(q, np.float64)
+        self._t_x: npt.NDArray[np.float64] = np.zeros(q, np.float64)
+        self._data_src: npt.NDArray[np.int8] = np.full(q, _SRC_NONE, np.int8)
+        self._clear_unconfirmed: npt.NDArray[np.bool_] = np.zeros(q, np.bool_)
+        # the [node, port] views
+        ix = self.row_of
+        self.totals: dict[str, PortValues[np.uint64]] = {k: PortValues(self._tot[i], ix, 0) for i, k in enumerate(KEYS)}
+        self.rates: dict[str, PortValues[np.float64]] = {
+            k: PortValues(self._rate[i], ix, np.nan) for i, k in enumerate(RATE_KEYS)
+        }
+        self.port_timeouts = PortValues(self._port_counts[0], ix, 0)
+        self.clears = PortValues(self._port_counts[1], ix, 0)
+        self.external_clears = PortValues(self._port_counts[2], ix, 0)
 
-    def _carried(self) -> list[str]:
-        """Names of array attributes carried over a re-bind by (node GUID, port)."""
-        return [
-            "device_timeouts", "device_errors", "port_timeouts", "clears", "external_clears",
-            "_t_pc", "_t_x", "_data_src", "_clear_unconfirmed",
-        ]
+    def _row_state(self) -> list[npt.NDArray[np.generic]]:
+        """The per-row arrays carried over a re-bind by (node GUID, port): rows are their last axis."""
+        return [self._tot, self._have, self._port_counts, self._t_pc, self._t_x, self._data_src,
+                self._clear_unconfirmed, *self._last.values()]
 
     def bind(self, snapshot: Bindable) -> None:
         """Adopt a new subnet (after a heavy sweep). Totals survive by (node GUID, port).
@@ -365,14 +487,19 @@ class PerfManager:
 
     def _bind(self, fabric: Fabric, lids: LidMap) -> None:
         n, pp = fabric.port_exists.shape
-        old_guid = self.node_guid
-        old_pp = self._last[KEYS[0]].shape[1]
-        old: dict[str, npt.NDArray[np.generic]] = {name: getattr(self, name) for name in self._carried()}
-        old_totals, old_last, old_have = self.totals, self._last, self._have
-        self._alloc(n, pp)
+        # what to query: every switch port 1..N of a switch with a LID, every CA port with a LID
+        sw = fabric.node_type == NodeType.SWITCH
+        base = lids.base.astype(np.int64)
+        mask = fabric.port_exists.copy()
+        mask[:, 0] = False
+        mask &= np.where(sw[:, None], (base[:, 0] > 0)[:, None], base > 0)
+        old_guid, old_row_of = self.node_guid, self.row_of
+        old_dev = (self.device_timeouts, self.device_errors)
+        old_rows = self._row_state()
+        self._alloc(mask)
         guid = fabric.node_guid.astype(np.uint64)
         self.node_guid = guid.copy()
-        # node map new -> old by GUID
+        # node map new -> old by GUID, then row map new -> old by (node, port)
         if old_guid.size and n:
             order = np.argsort(old_guid, kind="stable")
             sorted_g = old_guid[order]
@@ -380,37 +507,28 @@ class PerfManager:
             hit = sorted_g[pos] == guid
             new_i = np.flatnonzero(hit)
             old_i = order[pos[hit]]
-            w = min(pp, old_pp)
-            for name, arr in old.items():
-                mine = getattr(self, name)
-                if arr.ndim == 1:
-                    mine[new_i] = arr[old_i]
-                else:
-                    mine[new_i, :w] = arr[old_i, :w]
-            for k in KEYS:
-                self.totals[k][new_i, :w] = old_totals[k][old_i, :w]
-                self._last[k][new_i, :w] = old_last[k][old_i, :w]
-                self._have[k][new_i, :w] = old_have[k][old_i, :w]
+            self.device_timeouts[new_i] = old_dev[0][old_i]
+            self.device_errors[new_i] = old_dev[1][old_i]
+            old_node = np.full(n, -1, np.int64)
+            old_node[new_i] = old_i
+            on = old_node[self.q_node]
+            keep = (on >= 0) & (self.q_port < old_row_of.shape[1])
+            old_r = np.full(self.q_node.size, -1, np.int64)
+            old_r[keep] = old_row_of[on[keep], self.q_port[keep]]
+            new_r = np.flatnonzero(old_r >= 0)
+            old_r = old_r[new_r]
+            for mine, arr in zip(self._row_state(), old_rows, strict=True):
+                mine[..., new_r] = arr[..., old_r]
             log.debug("perfmgr bind: %d of %d nodes carried over, %d gone", new_i.size, n, old_guid.size - new_i.size)
         self.fabric = fabric
         self.lids = lids
-        # what to query: every switch port 1..N of a switch with a LID, every CA port with a LID
-        sw = fabric.node_type == NodeType.SWITCH
-        base = lids.base.astype(np.int64)
-        mask = fabric.port_exists.copy()
-        mask[:, 0] = False
-        mask &= np.where(sw[:, None], (base[:, 0] > 0)[:, None], base > 0)
-        qn, qp = np.nonzero(mask)
-        self.q_node = qn.astype(np.int64)
-        self.q_port = qp.astype(np.int64)
+        qn, qp = self.q_node, self.q_port
         self.q_lid = np.where(sw[qn], base[qn, 0], base[qn, qp]).astype(np.int64)
-        self.queried = mask
         ca_lid = np.where(base[:, 1:] > 0, base[:, 1:], 0)
         first = np.argmax(ca_lid > 0, axis=1) if pp > 1 else np.zeros(n, np.int64)
         ca_first = ca_lid[np.arange(n), first] if pp > 1 else np.zeros(n, np.int64)
         self.node_lid = np.where(sw, base[:, 0], ca_first).astype(np.int64)
-        # ClassPortInfo is read again after every topology change
-        self.cap_mask[:] = -1
+        # ClassPortInfo is read again after every topology change (_alloc set cap_mask to -1)
 
     # -- sweeping ------------------------------------------------------------------------
 
@@ -474,71 +592,68 @@ class PerfManager:
         pc_ans, pc_good, pc_rows = _check(replies[: qi.size], PerfAttr.PORT_COUNTERS, self.q_port[qi])
         x_ans, x_good, x_rows = _check(replies[qi.size :], PerfAttr.PORT_COUNTERS_EXT, self.q_port[xi])
 
-        # 3. commit: everything below up to the clears runs without yielding
+        # 3. commit: everything below up to the clears runs without yielding; rows are query rows
         self._drop_false_ext(xi, x_ans, x_good, replies[qi.size :])
         silent = np.zeros(self.q_node.size, np.bool_)
         for idx, ans, good in ((qi, pc_ans, pc_good), (xi, x_ans, x_good)):
             timeouts += np.bincount(self.q_node[idx[~ans]], minlength=n)
             errors += np.bincount(self.q_node[idx[ans & ~good]], minlength=n)
             silent[idx[~ans]] = True
-        self.port_timeouts[self.q_node[silent], self.q_port[silent]] += np.uint64(1)
+        self._port_counts[0, silent] += np.uint64(1)
         ok_q = np.zeros(self.q_node.size, np.bool_)
         ok_q[qi[pc_good]] = True
         x_bad = np.zeros(self.q_node.size, np.bool_)
         x_bad[xi[~x_good]] = True
         ok_q &= ~x_bad
-        for r in RATE_KEYS:
-            self.rates[r].fill(np.nan)
+        self._rate.fill(np.nan)
         self.read_ok.fill(False)
         self.read_ok[self.q_node[ok_q], self.q_port[ok_q]] = True
 
         ext_caps = self.cap_mask.astype(np.int64)
-        pn, pq = self.q_node[qi[pc_good]], self.q_port[qi[pc_good]]
-        pc_ext = (ext_caps[pn] & EXT_DATA_CAPS) != 0
-        xn, xq = self.q_node[xi[x_good]], self.q_port[xi[x_good]]
-        x_full = (ext_caps[xn] & EXT_FULL_CAPS) != 0
+        pr = qi[pc_good]
+        pc_ext = (ext_caps[self.q_node[pr]] & EXT_DATA_CAPS) != 0
+        xr = xi[x_good]
+        x_full = (ext_caps[self.q_node[xr]] & EXT_FULL_CAPS) != 0
         pc_vals = {k: _column(pc_rows, spec) for k, spec in _PC_GET.items()}
         x_vals = {k: _column(x_rows, spec) for k, spec in _X_GET.items()}
         saturated = 0
-        dropped: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]] = []
+        down = np.zeros(self.q_node.size, np.bool_)
 
         # data counters change source when a node gains or loses PortCountersExtended: re-base them
         pc_data = ~pc_ext
-        for nodes, ports, src in ((pn[pc_data], pq[pc_data], _SRC_PC), (xn, xq, _SRC_EXT)):
-            moved = self._data_src[nodes, ports] != src
+        for rows_, src in ((pr[pc_data], _SRC_PC), (xr, _SRC_EXT)):
+            moved = rows_[self._data_src[rows_] != src]
             for c in _DATA_DEFS:
-                self._have[c.key][nodes[moved], ports[moved]] = False
-            self._data_src[nodes, ports] = src
+                self._have[_KEY_ROW[c.key], moved] = False
+            self._data_src[rows_] = src
 
         for c in _PC_ONLY_DEFS:
-            d, s = self._accumulate(c, pn, pq, pc_vals[c.key], now, self._t_pc, _PC_MAX[c.key])
-            dropped.append((pn, pq, d))
+            d, s = self._accumulate(c, pr, pc_vals[c.key], now, self._t_pc, _PC_MAX[c.key])
+            down[pr[d]] = True
             saturated += s
         sel = pc_data
         for c in _DATA_DEFS:
-            d, s = self._accumulate(c, pn[sel], pq[sel], pc_vals[c.key][sel], now, self._t_pc, _PC_MAX[c.key])
-            dropped.append((pn[sel], pq[sel], d))
+            d, s = self._accumulate(c, pr[sel], pc_vals[c.key][sel], now, self._t_pc, _PC_MAX[c.key])
+            down[pr[sel][d]] = True
             saturated += s
         for c in _X_DEFS:
-            sel_x = x_full if c.full_ext else np.ones(xn.size, np.bool_)
-            d, _ = self._accumulate(c, xn[sel_x], xq[sel_x], x_vals[c.key][sel_x], now, self._t_x, None)
-            dropped.append((xn[sel_x], xq[sel_x], d))
-        self._t_pc[pn, pq] = now
-        self._t_x[xn, xq] = now
+            sel_x = x_full if c.full_ext else np.ones(xr.size, np.bool_)
+            d, _ = self._accumulate(c, xr[sel_x], x_vals[c.key][sel_x], now, self._t_x, None)
+            down[xr[sel_x][d]] = True
+        self._t_pc[pr] = now
+        self._t_x[xr] = now
 
-        down = np.zeros(self.totals[KEYS[0]].shape, np.bool_)
-        for nodes, ports, d in dropped:
-            down[nodes[d], ports[d]] = True
         ours = down & self._clear_unconfirmed
         external = down & ~ours
-        self.external_clears[external] += np.uint64(1)
-        self._clear_unconfirmed[pn, pq] = False
+        self._port_counts[2, external] += np.uint64(1)
+        self._clear_unconfirmed[pr] = False
         n_external = int(external.sum())
         if n_external:
-            en, ep = np.nonzero(external)
+            er = np.flatnonzero(external)[:5]
             fab = self.fabric
             assert fab is not None
-            shown = ", ".join(fab.port_name(int(a), int(b)) for a, b in zip(en[:5], ep[:5], strict=True))
+            ends = zip(self.q_node[er].tolist(), self.q_port[er].tolist(), strict=True)
+            shown = ", ".join(fab.port_name(a, b) for a, b in ends)
             log.info("perfmgr: counters cleared by someone else on %d port(s): %s%s",
                      n_external, shown, " ..." if n_external > 5 else "")
         if saturated:
@@ -552,7 +667,7 @@ class PerfManager:
         n_errors = int(errors.sum())
 
         # 4. clear what is close to saturation (PortCounters Set of just those counters)
-        cleared, c_to, c_err = await self._clear(pn, pq, pc_ext, pc_vals, n)
+        cleared, c_to, c_err = await self._clear(pr, pc_ext, pc_vals, n)
         n_timeouts += c_to
         n_errors += c_err
 
@@ -601,42 +716,42 @@ class PerfManager:
     def _accumulate(
         self,
         c: CounterDef,
-        nodes: npt.NDArray[np.int64],
-        ports: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
         vals: npt.NDArray[np.uint64],
         now: float,
         t_last: npt.NDArray[np.float64],
         top: int | None,
     ) -> tuple[npt.NDArray[np.bool_], int]:
-        """Add one counter's readings to its totals; returns (went down, saturated count)."""
+        """Add one counter's readings (of the query rows ``rows``) to its totals; returns (went down, saturated)."""
+        k = _KEY_ROW[c.key]
         last = self._last[c.key]
-        have = self._have[c.key][nodes, ports]
-        prev = last[nodes, ports]
+        have = self._have[k, rows]
+        prev = last[rows].astype(np.uint64)
         down = have & (vals < prev)
         delta = vals - np.where(have & ~down, prev, np.uint64(0))
         scale = np.uint64(c.scale)
-        self.totals[c.key][nodes, ports] += delta * scale
-        if c.key in self.rates:
-            dt = now - t_last[nodes, ports]
+        self._tot[k, rows] += delta * scale
+        rk = _RATE_ROW.get(c.key)
+        if rk is not None:
+            dt = now - t_last[rows]
             good = have & (dt > 0)
-            r = np.full(nodes.size, np.nan)
+            r = np.full(rows.size, np.nan)
             r[good] = delta[good].astype(np.float64) * c.scale / dt[good]
-            self.rates[c.key][nodes, ports] = r
-        last[nodes, ports] = vals
-        self._have[c.key][nodes, ports] = True
+            self._rate[rk, rows] = r
+        last[rows] = vals
+        self._have[k, rows] = True
         sat = int(np.count_nonzero(vals == np.uint64(top))) if top is not None else 0
         return down, sat
 
     async def _clear(
         self,
-        pn: npt.NDArray[np.int64],
-        pq: npt.NDArray[np.int64],
+        pr: npt.NDArray[np.int64],
         pc_ext: npt.NDArray[np.bool_],
         pc_vals: dict[str, npt.NDArray[np.uint64]],
         n: int,
     ) -> tuple[int, int, int]:
-        """Clear counters read above the threshold: (ports cleared, timeouts, errors)."""
-        mask = np.zeros(pn.size, np.int64)
+        """Clear counters read above the threshold (``pr``: the query rows read): (ports cleared, timeouts, errors)."""
+        mask = np.zeros(pr.size, np.int64)
         for c in _PC_DEFS:
             hot = pc_vals[c.key] > np.uint64(int(_PC_MAX[c.key] * self.clear_fraction))
             if c.pcx is not None:
@@ -645,7 +760,8 @@ class PerfManager:
         todo = np.flatnonzero(mask)
         if todo.size == 0:
             return 0, 0, 0
-        nodes, ports, masks = pn[todo], pq[todo], mask[todo]
+        rows_, masks = pr[todo], mask[todo]
+        nodes, ports = self.q_node[rows_], self.q_port[rows_]
         mads = [
             perf_mad(
                 Method.SET,
@@ -656,33 +772,25 @@ class PerfManager:
             )
             for p, m in zip(ports.tolist(), masks.tolist(), strict=True)
         ]
-        lids = self._lid_of(nodes, ports)
         # a Set whose answer is lost may still have cleared: the next drop is then ours
-        self._clear_unconfirmed[nodes, ports] = True
-        replies = await self._exchange(mads, lids)
-        answered, good, rows = _check(replies, PerfAttr.PORT_COUNTERS, ports)
-        gn, gp, gm = nodes[good], ports[good], masks[good]
+        self._clear_unconfirmed[rows_] = True
+        replies = await self._exchange(mads, self.q_lid[rows_])
+        answered, good, got = _check(replies, PerfAttr.PORT_COUNTERS, ports)
+        gr, gm = rows_[good], masks[good]
         for c in _PC_DEFS:
             sel = (gm >> c.select & 1).astype(np.bool_)
             if sel.any():
-                self._last[c.key][gn[sel], gp[sel]] = _column(rows[sel], _PC_GET[c.key])
-        self._clear_unconfirmed[gn, gp] = False
-        self.clears[gn, gp] += np.uint64(1)
+                self._last[c.key][gr[sel]] = _column(got[sel], _PC_GET[c.key])
+        self._clear_unconfirmed[gr] = False
+        self._port_counts[1, gr] += np.uint64(1)
         to = np.bincount(nodes[~answered], minlength=n).astype(np.uint64)
         err = np.bincount(nodes[answered & ~good], minlength=n).astype(np.uint64)
         self.device_timeouts += to
         self.device_errors += err
-        self.port_timeouts[nodes[~answered], ports[~answered]] += np.uint64(1)
-        if gn.size:
-            log.debug("perfmgr: cleared counters close to saturation on %d port(s)", gn.size)
-        return int(gn.size), int(to.sum()), int(err.sum())
-
-    def _lid_of(self, nodes: npt.NDArray[np.int64], ports: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """The LID a PerfMgt MAD for (node, port) goes to."""
-        assert self.lids is not None and self.fabric is not None
-        base = self.lids.base
-        sw = self.fabric.node_type[nodes] == NodeType.SWITCH
-        return np.where(sw, base[nodes, 0], base[nodes, ports]).astype(np.int64)
+        self._port_counts[0, rows_[~answered]] += np.uint64(1)
+        if gr.size:
+            log.debug("perfmgr: cleared counters close to saturation on %d port(s)", gr.size)
+        return int(gr.size), int(to.sum()), int(err.sum())
 
     async def run(self, interval: float, *, on_sweep: Callable[[PerfSweepReport], None] | None = None) -> None:
         """Sweep every ``interval`` seconds until cancelled; a sweep that fails is logged and retried."""
