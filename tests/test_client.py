@@ -104,7 +104,7 @@ async def test_status_table_and_json(daemon: Daemon, capsys: pytest.CaptureFixtu
     assert lines[1].startswith("SM: master, host-00000[1] LID 1")
     assert lines[2].startswith("master: GUID 0x") and lines[2].endswith("LID 1")
     assert lines[3].startswith("last sweep: ") and " UTC (" in lines[3] and " took " in lines[3]
-    assert lines[4] == "engine: ftree (chain ftree,updn,minhop)"
+    assert lines[4] == "engine: ftree (chain ftree,layered,updn,minhop)"
     assert lines[5].startswith("fabric: 14 nodes (6 switches, 8 CAs), 16 links (8 between switches), 14 LIDs")
     assert any(x.startswith("counters: ") for x in lines) and lines[-1] == "problems: none"
     rc, out, _ = await daemon.run(capsys, "status", "--json")

@@ -413,7 +413,7 @@ def test_cli_congestion_text(netfile: str, capsys: pytest.CaptureFixture[str]) -
 def test_cli_ebb(netfile: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ebb", "--topology", netfile, "--samples", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["engine"] for r in out["results"]] == ["ftree", "updn", "minhop"]
+    assert [r["engine"] for r in out["results"]] == ["ftree", "layered", "updn", "minhop"]
     assert all(0 < r["ebb"] <= r["ebb_maxmin"] <= 1 and r["samples"] == 10 for r in out["results"])
     assert main(["ebb", "--topology", netfile, "--samples", "5", "--engine", "updn"]) == 0
     assert "updn" in capsys.readouterr().out

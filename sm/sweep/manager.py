@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -191,6 +192,18 @@ class SmConfig:
         if self.guid2mkey is not None:
             return self.guid2mkey
         return self.guid2lid.with_name("guid2mkey") if self.guid2lid is not None else None
+
+
+@contextlib.contextmanager
+def _closing_unstarted(*maybe: object) -> Iterator[None]:
+    """Close the coroutines among ``maybe`` that never started when the block ends (a stage failed
+    before it awaited them), so none is left "never awaited"."""
+    try:
+        yield
+    finally:
+        for c in maybe:
+            if inspect.iscoroutine(c) and inspect.getcoroutinestate(c) == inspect.CORO_CREATED:
+                c.close()
 
 
 @dataclass(frozen=True)
@@ -1246,7 +1259,8 @@ class FabricManager:
             # In a thread of this process (no fork), routing beside SMPs in flight would stall them.
             lft: Lft | Awaitable[Lft] = routed_lft() if off.forked else await routed_lft()
             still_master()
-            with stage("program"):
+            qos_co = qos_tables()
+            with stage("program"), _closing_unstarted(lft, qos_co):
                 prog = await program_fabric(
                     self.transport,
                     d,
@@ -1262,7 +1276,7 @@ class FabricManager:
                     held_pkeys=self.held_pkeys,
                     keys=self.m_keys,
                     progress=self.progress,
-                    qos=qos_tables(),
+                    qos=qos_co,
                     held_qos=self.held_qos,
                     high_limit=self._high_limits(fabric, qos_base),
                 )
