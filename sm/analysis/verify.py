@@ -36,7 +36,7 @@ from sm.routing.base import NO_ROUTE, Lft
 MAX_FAILURES = 50
 """Failure examples kept in a :class:`VerifyReport` (the counts are always complete)."""
 
-_CELLS_PER_BLOCK = 1 << 21
+_CELLS_PER_BLOCK = 1 << 19
 
 
 class Status(IntEnum):

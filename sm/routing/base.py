@@ -53,6 +53,8 @@ class Routes:
 
     lft: Lft
     layers: Layers | None = None
+    acyclic: bool = False
+    """The routes were checked on one VL (from CAs, every LID) and have no credit loop."""
 
 
 class RoutingError(IbfmError):
@@ -139,7 +141,7 @@ def _lift(fabric: Fabric, lids: LidMap, lft: Lft, max_layers: int, engine: str) 
     from sm.routing.layered import assign_layers
 
     if not cycle_core(channel_dependency_graph(fabric, lids, lft, from_cas=True)).any():
-        return Routes(lft)
+        return Routes(lft, acyclic=True)
     layers = assign_layers(fabric, lids, lft, max_layers, from_cas=True, engine=engine)
     return Routes(lft, layers if layers.any() else None)
 
@@ -152,6 +154,8 @@ class RoutingResult:
     """(engine, reason) for every engine that refused before ``engine`` ran."""
     layers: Layers | None = None
     """The SL of every route (see :data:`Layers`); None when all routes use SL 0."""
+    acyclic: bool = False
+    """:func:`route` found no credit loop in these routes on one VL: the SM's own check would find none."""
 
 
 def route(
@@ -178,6 +182,6 @@ def route(
         except RoutingError as e:
             refused.append((name, str(e)))
             continue
-        return RoutingResult(name, routes.lft, refused, routes.layers)
+        return RoutingResult(name, routes.lft, refused, routes.layers, routes.acyclic)
     detail = "; ".join(f"{n}: {r}" for n, r in refused)
     raise RoutingError(f"no engine in {','.join(chain)} could route the fabric ({detail})")

@@ -1211,8 +1211,11 @@ class FabricManager:
             emit((verify_routes(fabric, lids, routed.lft), time.perf_counter() - t))
             if check_loops:
                 t = time.perf_counter()
-                # per (link, VL): every port maps the layers' SL k to VL k (sm.qos.plan), so identity
-                loops = find_credit_loops(fabric, lids, routed.lft, from_cas=True, layers=routed.layers)
+                # per (link, VL): every port maps the layers' SL k to VL k (sm.qos.plan), so identity;
+                # routes route() already found free of loops on one VL are not built into a graph again
+                loops = [] if routed.acyclic else find_credit_loops(
+                    fabric, lids, routed.lft, from_cas=True, layers=routed.layers
+                )
                 emit((loops, time.perf_counter() - t))
 
         async def result(name: str) -> Any:
