@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import sm.transport.smp as smp_module
 from fabric.emulator import EmulatedFabric
 from fabric.generate import fattree
 from fabric.mad import (
@@ -105,6 +106,32 @@ async def test_smp_batch_dr_builds_the_same_mads_as_build_smps() -> None:
             await smp_batch_dr(t, Method.GET, 0x11, [bad_path], np.array([0]))
     with pytest.raises(MadError, match="modifier"):
         await smp_batch_dr(t, Method.GET, 0x11, [()], np.array([0]), np.array([2**32]))
+
+
+async def test_smp_batch_dr_in_chunks_builds_and_answers_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(3)
+    paths = [_random_path(rng) for _ in range(10)]
+    n = 100
+    which = np.array([rng.randrange(10) for _ in range(n)])
+    mods = np.arange(n, dtype=np.int64)
+    data = np.frombuffer(rng.randbytes(n * 64), np.uint8).reshape(n, 64)
+    keys = np.arange(1, n + 1, dtype=np.uint64)
+    whole, parts = _Capture(), _Capture()
+    ref = await smp_batch_dr(whole, Method.SET, 0x19, paths, which, mods, data, mkeys=keys)
+    monkeypatch.setattr(smp_module, "SMP_CHUNK", 7)
+    sent: list[bytes] = []
+    orig = parts.send_many
+
+    async def capture(requests, **kw):  # type: ignore[no-untyped-def]
+        out = await orig(requests, **kw)
+        sent.extend(r[0] for r in parts.requests)
+        return out
+
+    parts.send_many = capture  # type: ignore[method-assign]
+    res = await smp_batch_dr(parts, Method.SET, 0x19, paths, which, mods, data, mkeys=keys)
+    assert [r[0] for r in whole.requests] == sent  # same MADs, same order
+    assert np.array_equal(res.ok, ref.ok) and np.array_equal(res.data, ref.data)
+    assert sorted(res.errors) == sorted(ref.errors) == list(range(n))  # rows numbered across chunks
 
 
 async def test_smp_batch_dr_answers_and_errors_on_the_emulator() -> None:

@@ -277,6 +277,11 @@ def _path_blocks(
     return block, hops.astype(np.uint8)
 
 
+SMP_CHUNK = 1 << 15
+"""Rows of :func:`smp_batch_dr` built, sent and checked at a time: the MADs, their bytes and the
+answers of a chunk live together (about 30 MB at this size, not 300 MB for a fabric's LFT blocks)."""
+
+
 async def smp_batch_dr(
     transport: WindowedTransport,
     method: int,
@@ -294,11 +299,42 @@ async def smp_batch_dr(
     Row ``r`` asks for attribute ``attr_id`` (or ``attr_id[r]``) along
     ``paths[which[r]]`` with modifier ``attr_mod[r]``, data ``data[r]`` (64
     bytes) and M_Key ``mkeys[r]`` (or ``mkeys`` for every row; None: 0). The
-    256-byte MADs are written as one (rows, 256) array, the answers read back
-    as one; only rows that failed are looked at one by one, to name what went
-    wrong. Same MADs, same checks as :func:`smp_batch`.
+    256-byte MADs are written as one (rows, 256) array per :data:`SMP_CHUNK`
+    rows, the answers read back as one; only rows that failed are looked at
+    one by one, to name what went wrong. Same MADs, same checks as
+    :func:`smp_batch`.
     """
-    which = np.asarray(which, np.intp)
+    rows: npt.NDArray[np.intp] = np.asarray(which, np.intp)
+    n = rows.shape[0]
+    if n <= SMP_CHUNK:
+        return await _smp_rows_dr(transport, method, attr_id, paths, rows, attr_mod, data, resend, mkeys)
+
+    def cut(v: Any, lo: int, hi: int) -> Any:
+        return v[lo:hi] if isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n else v
+
+    parts: list[SmpAnswers] = []
+    for lo in range(0, n, SMP_CHUNK):
+        hi = min(n, lo + SMP_CHUNK)
+        parts.append(await _smp_rows_dr(
+            transport, method, cut(attr_id, lo, hi), paths, rows[lo:hi], cut(attr_mod, lo, hi),
+            cut(data, lo, hi), resend, cut(mkeys, lo, hi),
+        ))  # fmt: skip
+    errors = {lo + r: e for lo, part in zip(range(0, n, SMP_CHUNK), parts, strict=True) for r, e in part.errors.items()}
+    return SmpAnswers(np.concatenate([p.ok for p in parts]), np.concatenate([p.data for p in parts]), errors)
+
+
+async def _smp_rows_dr(
+    transport: WindowedTransport,
+    method: int,
+    attr_id: int | npt.NDArray[np.integer[Any]],
+    paths: Sequence[tuple[int, ...]],
+    which: npt.NDArray[np.intp],
+    attr_mod: npt.NDArray[np.integer[Any]] | int,
+    data: npt.NDArray[np.uint8] | None,
+    resend: int,
+    mkeys: npt.NDArray[np.uint64] | int | None,
+) -> SmpAnswers:
+    """:func:`smp_batch_dr` of one chunk."""
     n = which.shape[0]
     if n == 0:
         return SmpAnswers(np.zeros(0, bool), np.zeros((0, SMP_DATA_SIZE), np.uint8), {})
