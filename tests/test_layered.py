@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+import sm.routing.layered as layered_mod
 from fabric.generate import degrade, dragonfly, fattree, random_regular, ring, torus
 from fabric.model import Fabric
 from sm.analysis.creditflow import find_credit_loops
@@ -14,7 +15,7 @@ from sm.analysis.patterns import random_permutation, shift
 from sm.analysis.verify import link_loads, verify_routes
 from sm.lidmap import LidMap, sequential_lids
 from sm.routing.base import DEFAULT_CHAIN, Lft, Routes, RoutingError, RoutingOptions, make_engine, route
-from sm.routing.layered import LayeringError, assign_layers, break_cycles, layers_used
+from sm.routing.layered import LayeringError, assign_layers, break_cycles, feedback_order, layers_used
 
 FABRICS: dict[str, Callable[[], Fabric]] = {
     "ring-8": lambda: ring(8, 2),
@@ -167,3 +168,62 @@ def test_break_cycles_leaves_an_acyclic_graph() -> None:
         g.add_nodes_from(range(n))
         g.add_edges_from(zip(src[~cut].tolist(), dst[~cut].tolist(), strict=True))
         assert nx.is_directed_acyclic_graph(g)
+
+
+def test_feedback_order_leaves_an_acyclic_graph_forward() -> None:
+    import networkx as nx
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        n = 40
+        m = int(rng.integers(40, 200))
+        src = rng.integers(0, n, m).astype(np.int64)
+        dst = rng.integers(0, n, m).astype(np.int64)
+        w = rng.random(m)
+        pos = feedback_order(n, src, dst, w)
+        assert sorted(pos.tolist()) == list(range(n))
+        fwd = pos[src] < pos[dst]
+        g = nx.DiGraph()
+        g.add_edges_from(zip(src[fwd].tolist(), dst[fwd].tolist(), strict=True))
+        assert nx.is_directed_acyclic_graph(g)
+        # Eades-Lin-Smyth keeps at least half the weight of the non-loop edges forward.
+        loop = src == dst
+        assert w[fwd].sum() >= 0.5 * w[~loop].sum()
+
+
+@pytest.mark.parametrize("name", ["torus-4x4", "random-24x4", "dragonfly-9x4"])
+def test_out_of_cut_budget_the_channel_orders_still_layer(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = FABRICS[name]()
+    lids = sequential_lids(f)
+    lft = layered(f, lids).lft
+    full = layers_used(assign_layers(f, lids, lft, 8))
+    monkeypatch.setattr(layered_mod, "CUT_WORK", 0)
+    layers = assign_layers(f, lids, lft, 8)
+    assert find_credit_loops(f, lids, lft, layers=layers, from_cas=True) == []
+    assert full <= layers_used(layers) <= full + 1
+    assert np.array_equal(layers, assign_layers(f, lids, lft, 8)), "deterministic"
+
+
+def test_a_large_dragonfly_layers_quickly_on_few_vls() -> None:
+    # 252 switches, 3,024 hosts: the cycle cuts alone took 22 s for 8 layers here; the link orders
+    # layer it on 3 ("towards higher groups", "towards lower", the paths crossing 2 global links).
+    f = dragonfly(21, 12, 12, 7)
+    lids = sequential_lids(f)
+    out = layered(f, lids)
+    assert find_credit_loops(f, lids, out.lft, layers=out.layers, from_cas=True, max_loops=1) == []
+    assert layers_used(out.layers) <= 3
+    with pytest.raises(LayeringError, match=r"layered: routes need more than 2 VL layers"):
+        layered(f, lids, max_layers=2)
+
+
+@pytest.mark.parametrize("name", ["torus-4x4", "random-24x4", "fattree3-k6-degraded", "dragonfly-9x4"])
+def test_layers_do_not_depend_on_the_block_size(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = FABRICS[name]()
+    lids = sequential_lids(f)
+    lft = layered(f, lids).lft
+    for from_cas in (True, False):
+        one = assign_layers(f, lids, lft, 8, from_cas=from_cas)
+        with monkeypatch.context() as m:
+            m.setattr(layered_mod, "_CELLS_PER_BLOCK", 1)  # 64 LIDs a block: several blocks
+            many = assign_layers(f, lids, lft, 8, from_cas=from_cas)
+        assert np.array_equal(one, many)

@@ -16,26 +16,39 @@ DFSSSP-style (Domke, Hoefler, Nagel, IPDPS 2011), in two steps:
 2. **Layers** (:func:`assign_layers`, reused after any engine by
    :func:`sm.routing.base.route`). A path is a (source switch row, LID)
    pair: LFTs are destination-based, so every CA on a switch shares that
-   switch's route. All paths start in layer 0. A layer's channel dependency
-   graph is built with, on each dependency, the number of its paths that
-   make that turn; while it has a cycle, the lightest dependency of a cycle
-   is marked (many disjoint cycles per numpy round: each vertex keeps its
-   lightest dependency, the cycles of that functional graph are found by
-   pointer jumping). Once the unmarked dependencies are acyclic, every path
-   through a marked one moves to the next layer, so the layer left behind
-   is acyclic; the next layer is treated the same way. Layer ``k`` is SL
-   ``k`` and VL ``k``. A fabric that needs more layers than
-   ``RoutingOptions.max_layers`` (the links' operational VLs) is refused
-   with a :class:`RoutingError` saying how many it has.
+   switch's route. All paths start in layer 0. Only the paths making a
+   turn (channel dependency) of the cyclic core of layer 0's channel
+   dependency graph can matter; they are listed once, each as its
+   sequence of core turns, and all later work is numpy over that list.
+   A layer keeps the paths whose turns all run forward in one order of
+   the channels (so it is acyclic) and the others move to the next layer;
+   moved paths whose turns follow a topological order of what stayed come
+   back. The order is the best (fewest paths moved) of: the links ranked by
+   their (higher, lower) switch row, either way round (on a dragonfly
+   numbered group by group, "towards higher groups" then "towards lower
+   groups": two layers for the paths crossing one global link), and, when tried, a feedback arc order
+   of the layer's core (Eades, Lin and Smyth) weighted by paths. Two
+   ways are run (the best link order every layer; the best of all three
+   every layer) and, when those need more than 2 layers and the listed
+   paths are few enough, DFSSSP's own way within a work budget
+   (:func:`_by_cuts`: repeatedly cut the lightest dependency of cycles of
+   the layer and move the paths through it); the fewest layers win. Layer ``k`` is SL ``k`` and VL ``k``. The work is
+   bounded: at most ``RoutingOptions.max_layers`` layers (the links'
+   operational VLs) are tried, each a few passes over the listed paths and
+   one feedback arc order, and the cuts stop at :data:`CUT_WORK`; a fabric
+   that needs more layers is refused with a :class:`LayeringError` (a
+   :class:`RoutingError`) saying how many it has, and the chain falls back.
 
-Everything is per destination LID in blocks of LIDs, as numpy arrays over
-switch rows: no per-path Python objects.
+Routing is per destination LID in blocks of LIDs, as numpy arrays over
+switch rows; layering is numpy over the listed paths: no per-path Python objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import heapq
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +59,8 @@ from sm.routing._hops import UNREACHABLE, SwitchGraph, destinations, hop_matrix,
 from sm.routing.base import NO_ROUTE, Layers, Lft, Routes, RoutingError, RoutingOptions, empty_lft, register
 
 __all__ = ["LayeredEngine", "LayeringError", "assign_layers", "balanced_lft", "injecting_rows"]
+
+_Ints = npt.NDArray[np.signedinteger[Any]]
 
 _CELLS_PER_BLOCK = 1 << 22
 """(row, LID) cells handled at once while layering (bounds the temporary arrays)."""
@@ -58,6 +73,18 @@ every cut; a round cuts a set of disjoint cycles at once). Cycles left after the
 
 FUNCTIONAL_ROUNDS = 64
 """In that last go: rounds of disjoint-cycle cuts before the rest is cut by an order."""
+
+CUT_WORK = 1 << 26
+"""Budget of layering by cuts, in turn entries of the listed paths read (once per recount or move)
+plus channels and dependencies of each round's graph: past it the cuts are given up and the layers by
+channel orders kept. Deterministic: the same fabric and routes always stop at the same round."""
+
+CUT_MIN_PASSES = 32
+"""Layering by cuts is not tried when fewer than this many passes over the listed paths fit in
+:data:`CUT_WORK` (it would run out of budget: the orders' layers are kept)."""
+
+RETURN_ROUNDS = 2
+"""Layering by orders: rounds giving moved paths back to the layer they left."""
 
 
 class LayeringError(RoutingError):
@@ -272,34 +299,61 @@ class _Paths:
     """Flat cell indices by hops left to the last switch: ``depth[h]``; loops are left out."""
 
 
-def _blocks(
-    g: SwitchGraph, lft: Lft, lid_ok: npt.NDArray[np.bool_], chan_id: npt.NDArray[np.int64]
-) -> Iterator[_Paths]:
+def _block_turns(
+    g: SwitchGraph,
+    lft: Lft,
+    lid_ok: npt.NDArray[np.bool_],
+    chan_id: npt.NDArray[np.int64],
+    lid0: int,
+    lid1: int,
+) -> tuple[_Ints, _Ints]:
+    """For the cells of LIDs ``lid0:lid1`` (flat ``row * b + j``): the next cell and the turn code."""
     n = g.n
     n_ports = g.nbr.shape[1]
-    n_lid = lft.shape[1]
-    b = max(64, _CELLS_PER_BLOCK // max(n, 1))
+    bl = lid1 - lid0
     nbr256 = np.full((n, 256), -1, np.int64)
     nbr256[:, :n_ports] = g.nbr
     rows = np.arange(n, dtype=np.int64)[:, None]
+    part = lft[:, lid0:lid1]
+    nx = nbr256[rows, part]
+    nx[:, ~lid_ok[lid0:lid1]] = -1
+    cols = np.arange(bl, dtype=np.int64)[None, :]
+    flat_next = np.where(nx >= 0, nx * bl + cols, -1).ravel()
+    c_in = chan_id[rows, part].ravel()
+    has = flat_next >= 0
+    out_next = np.full(flat_next.size, 255, np.int64)
+    out_next[has] = part.ravel()[flat_next[has]]
+    turn = np.full(flat_next.size, -1, np.int64)
+    nxt_row = flat_next // bl
+    chan_out = np.full(flat_next.size, -1, np.int64)
+    chan_out[has] = chan_id[nxt_row[has], out_next[has]]
+    t = has & (chan_out >= 0)
+    turn[t] = c_in[t] * n_ports + out_next[t]
+    return flat_next, turn
+
+
+def _block_size(g: SwitchGraph) -> int:
+    return max(64, _CELLS_PER_BLOCK // max(g.n, 1))
+
+
+def _blocks(
+    g: SwitchGraph,
+    lft: Lft,
+    lid_ok: npt.NDArray[np.bool_],
+    chan_id: npt.NDArray[np.int64],
+    known: Iterator[tuple[_Ints, _Ints]] | None = None,
+) -> Iterator[_Paths]:
+    """The LFT's cells block by block (``known``: their :func:`_block_turns` already computed)."""
+    n = g.n
+    n_lid = lft.shape[1]
+    b = _block_size(g)
     for lid0 in range(0, n_lid, b):
         lid1 = min(lid0 + b, n_lid)
-        bl = lid1 - lid0
-        part = lft[:, lid0:lid1]
-        nx = nbr256[rows, part]
-        nx[:, ~lid_ok[lid0:lid1]] = -1
-        cols = np.arange(bl, dtype=np.int64)[None, :]
-        flat_next = np.where(nx >= 0, nx * bl + cols, -1).ravel()
-        c_in = chan_id[rows, part].ravel()
+        if known is not None:
+            flat_next, turn = next(known)
+        else:
+            flat_next, turn = _block_turns(g, lft, lid_ok, chan_id, lid0, lid1)
         has = flat_next >= 0
-        out_next = np.full(flat_next.size, 255, np.int64)
-        out_next[has] = part.ravel()[flat_next[has]]
-        turn = np.full(flat_next.size, -1, np.int64)
-        nxt_row = flat_next // bl
-        chan_out = np.full(flat_next.size, -1, np.int64)
-        chan_out[has] = chan_id[nxt_row[has], out_next[has]]
-        t = has & (chan_out >= 0)
-        turn[t] = c_in[t] * n_ports + out_next[t]
         # Depth: 0 where the path leaves the switch graph here, else depth of the next cell + 1.
         depth = np.where(has, -1, 0).astype(np.int64)
         levels = [np.flatnonzero(depth == 0)]
@@ -316,6 +370,13 @@ def _blocks(
         yield _Paths(
             lid0, lid1, flat_next.astype(np.int32), turn.astype(np.int32), [lv.astype(np.int32) for lv in levels]
         )
+
+
+def _drain(turns: list[tuple[_Ints, _Ints, npt.NDArray[np.bool_]]]) -> Iterator[tuple[_Ints, _Ints]]:
+    """``turns``' next cells and turns, each dropped from the list as it is handed out."""
+    while turns:
+        flat_next, turn, _ = turns.pop(0)
+        yield flat_next, turn
 
 
 def _channels(g: SwitchGraph) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -423,44 +484,6 @@ def break_cycles(
     return removed
 
 
-def _layer_weights(
-    blocks: list[_Paths], layer: Layers, source: npt.NDArray[np.bool_], k: int, n_codes: int
-) -> npt.NDArray[np.float64]:
-    """Paths of layer ``k`` making each turn (indexed by turn code)."""
-    weight = np.zeros(n_codes, np.float64)
-    for bp in blocks:
-        part = layer[:, bp.lid0 : bp.lid1]
-        active = ((part == k) & source[:, None]).ravel()
-        if not active.any():
-            continue
-        cnt = active.astype(np.float64)
-        size = cnt.size
-        for cells in reversed(bp.depth[1:]):
-            tgt = bp.nxt[cells]
-            cnt += np.bincount(tgt, weights=cnt[cells], minlength=size)
-        t = bp.turn >= 0
-        weight += np.bincount(bp.turn[t], weights=cnt[t], minlength=n_codes)
-    return weight
-
-
-def _move(
-    blocks: list[_Paths], layer: Layers, source: npt.NDArray[np.bool_], k: int, bad_code: npt.NDArray[np.bool_]
-) -> int:
-    """Move the paths of layer ``k`` that make a turn in ``bad_code`` to layer ``k + 1``; how many moved."""
-    moved = 0
-    for bp in blocks:
-        part = layer[:, bp.lid0 : bp.lid1]
-        bad = np.zeros(bp.turn.size, np.bool_)
-        t = bp.turn >= 0
-        bad[t] = bad_code[bp.turn[t]]
-        for cells in bp.depth[1:]:
-            bad[cells] |= bad[bp.nxt[cells]]
-        sel = bad.reshape(part.shape) & (part == k) & source[:, None]
-        moved += int(sel.sum())
-        part[sel] = k + 1
-    return moved
-
-
 def _topo_position(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """A topological position of every vertex of an acyclic graph (Kahn levels, then index)."""
     level = np.zeros(n, np.int64)
@@ -486,22 +509,328 @@ def _topo_position(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64
     return rank
 
 
-def _return(
-    blocks: list[_Paths], layer: Layers, source: npt.NDArray[np.bool_], k: int, forward: npt.NDArray[np.bool_]
-) -> int:
-    """Move paths of layer ``k + 1`` whose every turn is in ``forward`` back to layer ``k``; how many."""
-    back = 0
+def feedback_order(
+    n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], weight: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
+    """A position of every vertex such that little edge weight runs backwards (``pos[src] > pos[dst]``).
+
+    Eades, Lin and Smyth's greedy heuristic (1993): sinks go to the end, sources to the front, else the
+    vertex with the most weight out minus in to the front; ties to the lowest vertex. ``O(E log E)``:
+    one heap push per edge. Edges with ``src == dst`` are ignored.
+    """
+    o = np.argsort(src, kind="stable")
+    out_start = np.searchsorted(src[o], np.arange(n + 1))
+    i = np.argsort(dst, kind="stable")
+    in_start = np.searchsorted(dst[i], np.arange(n + 1))
+    out_to, out_w = dst[o].tolist(), weight[o].tolist()
+    in_from, in_w = src[i].tolist(), weight[i].tolist()
+    os_, is_ = out_start.tolist(), in_start.tolist()
+    outdeg, indeg = np.diff(out_start).tolist(), np.diff(in_start).tolist()
+    ow = np.bincount(src, weights=weight, minlength=n).tolist()
+    iw = np.bincount(dst, weights=weight, minlength=n).tolist()
+    alive = [True] * n
+    left: list[int] = []
+    right: list[int] = []
+    sinks = [v for v in range(n) if outdeg[v] == 0]
+    sources = [v for v in range(n) if indeg[v] == 0 and outdeg[v] > 0]
+    heap = [(iw[v] - ow[v], v) for v in range(n)]
+    heapq.heapify(heap)
+    while len(left) + len(right) < n:
+        if sinks:
+            v = sinks.pop()
+            if not alive[v]:
+                continue
+            right.append(v)
+        elif sources:
+            v = sources.pop()
+            if not alive[v]:
+                continue
+            left.append(v)
+        else:
+            while True:
+                d, v = heapq.heappop(heap)
+                if alive[v] and d == iw[v] - ow[v]:
+                    break
+            left.append(v)
+        alive[v] = False
+        for e in range(os_[v], os_[v + 1]):
+            u = out_to[e]
+            if alive[u]:
+                indeg[u] -= 1
+                iw[u] -= out_w[e]
+                if indeg[u] == 0:
+                    sources.append(u)
+                heapq.heappush(heap, (iw[u] - ow[u], u))
+        for e in range(is_[v], is_[v + 1]):
+            x = in_from[e]
+            if alive[x]:
+                outdeg[x] -= 1
+                ow[x] -= in_w[e]
+                if outdeg[x] == 0:
+                    sinks.append(x)
+                heapq.heappush(heap, (iw[x] - ow[x], x))
+    pos = np.empty(n, np.int64)
+    pos[np.array(left + right[::-1], np.int64)] = np.arange(n)
+    return pos
+
+
+@dataclass
+class _Routes:
+    """The routes that can ever change layer, as columns of turn codes, and a work meter."""
+
+    steps: list[npt.NDArray[np.int32]]
+    """``steps[s][path]``: the ``s``-th turn of the cyclic core (code ``c_in * P + out_port``) the path
+    makes, ``len(c1)`` past its last one."""
+    row: npt.NDArray[np.int32]
+    col: npt.NDArray[np.int32]
+    """Source row and column (of the LFT) of each path."""
+    c1: npt.NDArray[np.int64]
+    c2: npt.NDArray[np.int64]
+    """Channel into and out of the switch of every turn code (``c2`` -1 where the code is no turn)."""
+    n_ch: int
+    link_key: npt.NDArray[np.int64]
+    """Per channel, its link's key ``higher row * n + lower row``: both directions of a link tie."""
+    work: int = 0
+    """Turn entries read so far: the deterministic measure the budgets count."""
+
+    @property
+    def size(self) -> int:
+        return int(self.row.size)
+
+    def weights(self, idx: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.float64]:
+        """Paths among ``idx`` (default: all) making each turn."""
+        n_codes = self.c1.size
+        w = np.zeros(n_codes + 1, np.int64)
+        for st in self.steps:
+            w += np.bincount(st if idx is None else st[idx], minlength=n_codes + 1)
+        self.work += (self.size if idx is None else idx.size) * len(self.steps)
+        return w[:n_codes].astype(np.float64)
+
+    def hits(self, bad_code: npt.NDArray[np.bool_], idx: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.bool_]:
+        """Which paths among ``idx`` (default: all) make a turn in ``bad_code``."""
+        bad = np.append(bad_code, False)
+        out = np.zeros(self.size if idx is None else idx.size, np.bool_)
+        for st in self.steps:
+            out |= bad[st if idx is None else st[idx]]
+        self.work += out.size * len(self.steps)
+        return out
+
+    def subset(self, idx: npt.NDArray[np.int64]) -> _Routes:
+        """The paths ``idx`` alone (``row`` and ``col`` as they are); the work meter goes on counting."""
+        return _Routes([st[idx] for st in self.steps], self.row[idx], self.col[idx], self.c1, self.c2, self.n_ch,
+                       self.link_key, self.work + idx.size * len(self.steps))
+
+    def cyclic(self, weight: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Turn codes in use and the channels on or between cycles of their dependency graph."""
+        used = np.flatnonzero(weight > 0)
+        return used, _peel_fixpoint(self.n_ch, self.c1[used], self.c2[used])
+
+
+def _routes(
+    blocks: Iterable[_Paths],
+    source: npt.NDArray[np.bool_],
+    keep_code: npt.NDArray[np.bool_],
+    c1: npt.NDArray[np.int64],
+    c2: npt.NDArray[np.int64],
+    n_ch: int,
+    link_key: npt.NDArray[np.int64],
+) -> _Routes:
+    """The paths from ``source`` rows that make a turn in ``keep_code``, with those turns only: no
+    other turn is on a cycle of any layer."""
+    none = c1.size
+    parts: list[list[npt.NDArray[np.int32]]] = []
+    rows: list[npt.NDArray[np.int32]] = []
+    cols: list[npt.NDArray[np.int32]] = []
+    code = np.append(np.where(keep_code, np.arange(none), none), none).astype(np.int32)
     for bp in blocks:
-        part = layer[:, bp.lid0 : bp.lid1]
-        bad = np.zeros(bp.turn.size, np.bool_)
-        t = bp.turn >= 0
-        bad[t] = ~forward[bp.turn[t]]
-        for cells in bp.depth[1:]:
-            bad[cells] |= bad[bp.nxt[cells]]
-        sel = ~bad.reshape(part.shape) & (part == k + 1) & source[:, None]
-        back += int(sel.sum())
-        part[sel] = k
-    return back
+        bl = bp.lid1 - bp.lid0
+        start = (np.flatnonzero(source)[:, None] * bl + np.arange(bl)[None, :]).ravel()
+        # Walk every path at once; index -1 (past the end) reads the appended sentinels.
+        tcode = np.append(code[bp.turn], none)
+        nxt = np.append(bp.nxt, -1)
+        cur = start.astype(np.int32)
+        steps: list[npt.NDArray[np.int32]] = []
+        for _ in range(len(bp.depth)):
+            t = tcode[cur]
+            if (t < none).any():
+                steps.append(t)
+            cur = nxt[cur]
+            if cur.max(initial=-1) < 0:
+                break
+        if not steps:
+            continue
+        hit = np.zeros(start.size, np.bool_)
+        for t in steps:
+            hit |= t < none
+        st = np.stack([t[hit] for t in steps])
+        width = int((st < none).sum(axis=0).max())
+        if width < len(steps):  # each path's core turns moved to the front, in path order
+            order = np.argsort(st == none, axis=0, kind="stable")
+            st = np.take_along_axis(st, order, axis=0)
+        parts.append(list(st[:width].copy()))
+        rows.append((start[hit] // bl).astype(np.int32))
+        cols.append((start[hit] % bl + bp.lid0).astype(np.int32))
+        del st, steps, hit, start
+    width = max((len(p) for p in parts), default=0)
+    sizes = [p[0].size for p in parts]
+    steps_all = []
+    for s_ in range(width):
+        steps_all.append(
+            np.concatenate(
+                [p[s_] if s_ < len(p) else np.full(m, none, np.int32) for p, m in zip(parts, sizes, strict=True)]
+            )
+        )
+        for p in parts:  # free as they are copied
+            if s_ < len(p):
+                p[s_] = p[s_][:0]
+    parts.clear()
+    row = np.concatenate(rows) if rows else np.zeros(0, np.int32)
+    col = np.concatenate(cols) if cols else np.zeros(0, np.int32)
+    return _Routes(steps_all, row, col, c1, c2, n_ch, link_key)
+
+
+def _too_many(engine: str, max_layers: int) -> LayeringError:
+    return LayeringError(
+        f"{engine}: routes need more than {max_layers} VL layer{'s' if max_layers != 1 else ''} "
+        f"to be deadlock-free (links allow {max_layers})",
+        max_layers,
+    )
+
+
+@dataclass
+class _OrderState:
+    """Layering by orders part way: layers below ``k`` done, ``cur`` (paths ``act`` of ``r``) in layer ``k``."""
+
+    pl: npt.NDArray[np.uint8]
+    act: npt.NDArray[np.int64]
+    cur: _Routes
+    k: int
+
+
+def _by_order(r: _Routes, max_layers: int) -> npt.NDArray[np.uint8] | None:
+    """Layers by channel orders: layer ``k`` keeps the paths whose turns all run forward in an order.
+
+    Per layer, in ``O(turns of its paths)`` plus at most one :func:`feedback_order`: the candidate
+    orders are the links by switch rows, both ways, and the feedback order of the cyclic part of the
+    layer's dependency graph weighted by paths; the paths with a backward cyclic turn in the chosen one
+    move to the next layer; then moved paths whose cyclic turns all follow a topological order of what
+    stayed come back (:data:`RETURN_ROUNDS` times). Every layer is acyclic: its cyclic turns all run
+    forward in one order. Two ways are run: the best link order every layer, and the best of all three
+    every layer (the same as the first up to the first layer where the feedback order moves fewer
+    paths, so it starts there); the fewer layers win, ``None`` if both need more than ``max_layers``.
+    """
+    start = _OrderState(np.zeros(r.size, np.uint8), np.arange(r.size, dtype=np.int64), r, 0)
+    links, fork = _order_run(r, start, max_layers, links_only=True)
+    best = links
+    if fork is not None:
+        alt, _ = _order_run(r, fork, max_layers, links_only=False)
+        if alt is not None and (best is None or int(alt.max(initial=0)) < int(best.max(initial=0))):
+            best = alt
+    return best
+
+
+def _order_run(
+    r: _Routes, st: _OrderState, max_layers: int, *, links_only: bool
+) -> tuple[npt.NDArray[np.uint8] | None, _OrderState | None]:
+    """Layer from ``st`` on (see :func:`_by_order`); with ``links_only``, also the state at the first
+    layer where the feedback order would have moved fewer paths than the link orders (else ``None``)."""
+    n_ch, c1, c2 = r.n_ch, r.c1, np.maximum(r.c2, 0)
+    pl, act, cur, k = st.pl.copy(), st.act, st.cur, st.k
+    fork: _OrderState | None = None
+    while act.size:
+        used, core = cur.cyclic(w := cur.weights())
+        if not core.any():
+            break
+        if k + 1 >= max_layers:
+            return None, fork
+        cyc = core[c1] & core[c2]
+        best: npt.NDArray[np.bool_] | None = None
+        for i, key in enumerate((r.link_key, -r.link_key, None)):
+            if key is None:
+                # The feedback order of the core's channels (renumbered densely, the others after them);
+                # for the link orders alone, only until it first does better.
+                if (links_only and fork is not None) or (best is not None and not best.any()):
+                    break
+                e = used[cyc[used]]
+                ids = np.flatnonzero(core)
+                dense = np.full(n_ch, -1, np.int64)
+                dense[ids] = np.arange(ids.size)
+                key = np.full(n_ch, ids.size, np.int64)
+                key[ids] = feedback_order(ids.size, dense[c1[e]], dense[c2[e]], w[e])
+            hit = cur.hits(cyc & (key[c1] >= key[c2]))
+            if best is None or np.count_nonzero(hit) < np.count_nonzero(best):
+                if links_only and i == 2:
+                    fork = _OrderState(pl.copy(), act, cur, k)
+                    break
+                best = hit
+        assert best is not None
+        moved = best
+        for _ in range(RETURN_ROUNDS):
+            if not moved.any():
+                break
+            kept = np.flatnonzero(~moved)
+            uk = np.flatnonzero(cur.weights(kept) > 0)
+            uk = uk[cyc[uk]]
+            topo = _topo_position(n_ch, c1[uk], c2[uk])
+            idx = np.flatnonzero(moved)
+            back = ~cur.hits(cyc & (topo[c1] >= topo[c2]), idx)
+            if not back.any():
+                break
+            moved[idx[back]] = False
+        idx = np.flatnonzero(moved)
+        act = act[idx]
+        pl[act] = k + 1
+        cur = cur.subset(idx)
+        k += 1
+    return pl, fork
+
+
+def _by_cuts(r: _Routes, max_layers: int, budget_rounds: int, work: int) -> npt.NDArray[np.uint8] | None:
+    """Layers by cutting cycles (DFSSSP's way, see the module docstring); ``None`` past ``work`` or
+    ``max_layers``.
+
+    Per layer: ``budget_rounds`` rounds of cuts of disjoint cycles, each followed by a recount, then
+    whatever cycles are left are cut at once (:func:`break_cycles`); the paths through a cut turn move
+    to the next layer; once the layer is acyclic, moved paths whose turns all follow its topological
+    order come back.
+    """
+    n_ch, c1, c2 = r.n_ch, r.c1, r.c2
+    c2s = np.maximum(c2, 0)
+    pl = np.zeros(r.size, np.uint8)
+    act = np.arange(r.size, dtype=np.int64)
+    k = 0
+    recounts = 0
+    while act.size:
+        if r.work > work:
+            return None
+        weight = r.weights(act)
+        used = np.flatnonzero(weight > 0)
+        r.work += n_ch + used.size  # a round's graph work, so rounds over few paths count too
+        cut = break_cycles(n_ch, c1[used], c2[used], weight[used], rounds=1 if recounts < budget_rounds else None)
+        recounts += 1
+        if not cut.any():
+            k += 1
+            recounts = 0
+            act = np.flatnonzero(pl == k)
+            continue
+        if k + 1 >= max_layers:
+            return None
+        bad_code = np.zeros(c1.size, np.bool_)
+        bad_code[used[cut]] = True
+        moved = act[r.hits(bad_code, act)]
+        pl[moved] = k + 1
+        act = act[pl[act] == k]
+        weight = r.weights(act)
+        used = np.flatnonzero(weight > 0)
+        if not _peel_fixpoint(n_ch, c1[used], c2[used]).any():
+            # The layer is acyclic: give back the moved paths whose turns all follow its order.
+            pos = _topo_position(n_ch, c1[used], c2[used])
+            forward = (c2 >= 0) & (pos[c1] < pos[c2s])
+            nxt = np.flatnonzero(pl == k + 1)
+            back = nxt[~r.hits(~forward, nxt)]
+            pl[back] = k
+            act = np.flatnonzero(pl == k)
+    return pl
 
 
 def assign_layers(
@@ -520,6 +849,15 @@ def assign_layers(
     with ``from_cas=True``); other rows keep layer 0. Without it every
     switch is a source too. Raises :class:`LayeringError` (naming
     ``engine``) when more than ``max_layers`` layers would be needed.
+
+    Work is bounded and deterministic: the routes making a turn of the
+    cyclic core of the dependency graph are listed once, as their sequences
+    of core turns; layering by channel orders (:func:`_by_order`) costs a
+    few passes over them and at most one :func:`feedback_order` per layer
+    and way, for at most ``max_layers`` layers. When that needs more than 2
+    layers and a few dozen passes fit in :data:`CUT_WORK`, layering by cuts
+    (:func:`_by_cuts`) is tried too, given up past :data:`CUT_WORK`; the
+    fewer layers win (the cuts on a tie).
     """
     g = switch_graph(fabric)
     n = g.n
@@ -529,93 +867,63 @@ def assign_layers(
     chan_id, ch_row, ch_peer = _channels(g)
     n_ports = g.nbr.shape[1]
     n_ch = int(ch_row.size)
-    n_codes = max(n_ch * n_ports, 1)
+    if n_ch == 0:
+        return layer
+    n_codes = n_ch * n_ports
     source = injecting_rows(fabric, g) if from_cas else np.ones(n, np.bool_)
     lid_ok = lids.owner_node >= 0
     codes = np.arange(n_codes, dtype=np.int64)
     c1_all = codes // n_ports
-    # First pass, block by block: the turns of all routes, and the LIDs whose routes make a turn
-    # of the cyclic core. Only those can ever move: a turn off the core is on no cycle of layer 0,
-    # which only loses paths, and every later layer holds moved paths only.
-    weight = np.zeros(n_codes, np.float64)
-    for bp in _blocks(g, lft, lid_ok, chan_id):
-        weight += _layer_weights([bp], layer, source, 0, n_codes)
-    used = np.flatnonzero(weight > 0)
-    c1 = c1_all[used]
-    core = _peel_fixpoint(n_ch, c1, chan_id[ch_peer[c1], used % n_ports])
+    c2_all = chan_id[ch_peer[c1_all], codes % n_ports]
+    # The turns of the routes from ``source`` (marking the cells they pass, each once): only the routes
+    # making a turn of their graph's cyclic core can ever move (a turn off it is on no cycle of any
+    # layer, each layer's graph being part of it), and only LIDs with such a turn are walked.
+    n_lid = lft.shape[1]
+    b = _block_size(g)
+    used_code = np.zeros(n_codes + 1, np.bool_)
+    turns: list[tuple[_Ints, _Ints, npt.NDArray[np.bool_]]] = []
+    for lid0 in range(0, n_lid, b):
+        lid1 = min(lid0 + b, n_lid)
+        flat_next, turn = _block_turns(g, lft, lid_ok, chan_id, lid0, lid1)
+        seen = np.zeros(turn.size, np.bool_)
+        front = (np.flatnonzero(source)[:, None] * (lid1 - lid0) + np.arange(lid1 - lid0)[None, :]).ravel()
+        while front.size:
+            seen[front] = True
+            nxt = np.zeros(turn.size + 1, np.bool_)  # index -1: past the end
+            nxt[flat_next[front]] = True
+            front = np.flatnonzero(nxt[:-1] & ~seen)
+        used_code[turn[seen]] = True
+        turns.append((flat_next.astype(np.int32), turn.astype(np.int32), seen))
+    used = np.flatnonzero(used_code[:n_codes])
+    core = _peel_fixpoint(n_ch, c1_all[used], c2_all[used])
     if not core.any():
         return layer
-    in_core = np.zeros(n_codes, np.bool_)
-    in_core[codes[core[c1_all] & core[np.maximum(chan_id[ch_peer[c1_all], codes % n_ports], 0)]]] = True
-    rel = np.zeros(lids.max_lid + 1, np.bool_)
-    for bp in _blocks(g, lft, lid_ok, chan_id):
-        t = bp.turn >= 0
-        hit = np.zeros(bp.turn.size, np.bool_)
-        hit[t] = in_core[bp.turn[t]]
-        rel[bp.lid0 : bp.lid1] |= hit.reshape(n, bp.lid1 - bp.lid0).any(axis=0)
+    in_core = (c2_all >= 0) & core[c1_all] & core[np.maximum(c2_all, 0)]
+    rel = np.zeros(n_lid, np.bool_)
+    in_core_x = np.append(in_core, False)
+    for lid0, (_, turn, seen) in zip(range(0, n_lid, b), turns, strict=True):
+        rel[lid0 : lid0 + b] = (in_core_x[turn] & seen).reshape(n, -1).any(axis=0)
     cols = np.flatnonzero(rel)
-    sub = np.zeros((n, cols.size), np.uint8)
-    _layer_loop(g, lft[:, cols], sub, source, max_layers, engine, chan_id, ch_peer)
-    layer[:, cols] = sub
+    # Block by block (each dropped once walked): every LID's turns are known already.
+    if cols.size == n_lid:
+        blocks = _blocks(g, lft, lid_ok, chan_id, _drain(turns))
+    else:
+        turns.clear()
+        blocks = _blocks(g, np.ascontiguousarray(lft[:, cols]), lid_ok[cols], chan_id)
+    hi, lo = np.maximum(ch_row, ch_peer), np.minimum(ch_row, ch_peer)
+    r = _routes(blocks, source, in_core, c1_all, c2_all, n_ch, hi * n + lo)
+    pl = _by_order(r, max_layers)
+    # Cuts recount the layer's paths after every round: tried only if a few dozen recounts fit.
+    if (pl is None or int(pl.max(initial=0)) > 1) and r.size * len(r.steps) * CUT_MIN_PASSES <= CUT_WORK:
+        cells = n * np.unique(r.col).size
+        r.work = 0
+        cut = _by_cuts(r, max_layers, max(2, RECOUNT_CELLS // max(cells, 1)), CUT_WORK)
+        if cut is not None and (pl is None or int(cut.max(initial=0)) <= int(pl.max(initial=0))):
+            pl = cut
+    if pl is None:
+        raise _too_many(engine, max_layers)
+    layer[r.row, cols[r.col]] = pl
     return layer
-
-
-def _layer_loop(
-    g: SwitchGraph,
-    lft: Lft,
-    layer: Layers,
-    source: npt.NDArray[np.bool_],
-    max_layers: int,
-    engine: str,
-    chan_id: npt.NDArray[np.int64],
-    ch_peer: npt.NDArray[np.int64],
-) -> None:
-    """Layer the routes of ``lft``'s columns (every one a LID in use) in place; see :func:`assign_layers`."""
-    n_ports = g.nbr.shape[1]
-    n_ch = int(np.count_nonzero(chan_id >= 0))
-    n_codes = max(n_ch * n_ports, 1)
-    codes = np.arange(n_codes, dtype=np.int64)
-    c1_all = codes // n_ports
-    blocks = list(_blocks(g, lft, np.ones(lft.shape[1], np.bool_), chan_id))
-    k = 0
-    recounts = 0
-    budget = max(2, RECOUNT_CELLS // max(lft.size, 1))
-    counted: npt.NDArray[np.float64] | None = None
-    while True:
-        weight = counted if counted is not None else _layer_weights(blocks, layer, source, k, n_codes)
-        counted = None
-        used = np.flatnonzero(weight > 0)
-        if used.size == 0:
-            return
-        c1 = c1_all[used]
-        c2 = chan_id[ch_peer[c1], used % n_ports]
-        cut = break_cycles(n_ch, c1, c2, weight[used], rounds=1 if recounts < budget else None)
-        recounts += 1
-        if not cut.any():
-            k += 1
-            recounts = 0
-            continue
-        if k + 1 >= max_layers:
-            raise LayeringError(
-                f"{engine}: routes need more than {max_layers} VL layer{'s' if max_layers != 1 else ''} "
-                f"to be deadlock-free (links allow {max_layers})",
-                max_layers,
-            )
-        bad_code = np.zeros(n_codes, np.bool_)
-        bad_code[used[cut]] = True
-        _move(blocks, layer, source, k, bad_code)
-        weight = _layer_weights(blocks, layer, source, k, n_codes)
-        used = np.flatnonzero(weight > 0)
-        c1 = c1_all[used]
-        c2 = chan_id[ch_peer[c1], used % n_ports]
-        if not _peel_fixpoint(n_ch, c1, c2).any():
-            # The layer is acyclic: give back the moved paths whose turns all follow its order.
-            pos = _topo_position(n_ch, c1, c2)
-            forward = pos[c1_all] < pos[chan_id[ch_peer[c1_all], codes % n_ports]]
-            _return(blocks, layer, source, k, forward)
-            counted = None
-        else:
-            counted = weight
 
 
 def layers_used(layers: Layers | None) -> int:
