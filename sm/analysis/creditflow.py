@@ -241,16 +241,19 @@ class CreditLoop:
         return " -> ".join([*hops, hops[0]]) + f" on VL {self.vl} (LIDs {', '.join(map(str, self.lids))})"
 
 
-def _peel(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Vertices left after repeatedly removing those with no in-edge from the rest (Kahn)."""
-    alive = np.ones(n, np.bool_)
+def kahn_levels(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Kahn's rounds as numpy: the round in which each vertex has no in-edge left from the rest
+    (0 for the sources), -1 for the vertices never freed (on a cycle or after one)."""
+    level = np.full(n, -1, np.int64)
     indeg = np.bincount(dst, minlength=n)
     order = np.argsort(src, kind="stable")
-    s_sorted, d_sorted = src[order], dst[order]
-    start = np.searchsorted(s_sorted, np.arange(n + 1))
+    d_sorted = dst[order]
+    start = np.searchsorted(src[order], np.arange(n + 1))
     frontier = np.flatnonzero(indeg == 0)
+    lv = 0
     while frontier.size:
-        alive[frontier] = False
+        level[frontier] = lv
+        lv += 1
         cnt = start[frontier + 1] - start[frontier]
         if cnt.sum() == 0:
             break
@@ -258,8 +261,13 @@ def _peel(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt
         targets = d_sorted[pos]
         indeg -= np.bincount(targets, minlength=n)
         t = np.unique(targets)
-        frontier = t[(indeg[t] == 0) & alive[t]]
-    return alive
+        frontier = t[(indeg[t] == 0) & (level[t] < 0)]
+    return level
+
+
+def _peel(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Vertices left after repeatedly removing those with no in-edge from the rest (Kahn)."""
+    return kahn_levels(n, src, dst) < 0
 
 
 def cycle_core(g: ChannelDependencyGraph) -> npt.NDArray[np.bool_]:

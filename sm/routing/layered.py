@@ -54,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.model import Fabric, NodeType
+from sm.analysis.creditflow import kahn_levels
 from sm.lidmap import LidMap
 from sm.routing._hops import UNREACHABLE, SwitchGraph, destinations, hop_matrix, switch_graph
 from sm.routing.base import NO_ROUTE, Layers, Lft, Routes, RoutingError, RoutingOptions, empty_lft, register
@@ -486,24 +487,7 @@ def break_cycles(
 
 def _topo_position(n: int, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """A topological position of every vertex of an acyclic graph (Kahn levels, then index)."""
-    level = np.zeros(n, np.int64)
-    indeg = np.bincount(dst, minlength=n)
-    order = np.argsort(src, kind="stable")
-    s_sorted, d_sorted = src[order], dst[order]
-    start = np.searchsorted(s_sorted, np.arange(n + 1))
-    frontier = np.flatnonzero(indeg == 0)
-    lv = 0
-    while frontier.size:
-        level[frontier] = lv
-        lv += 1
-        cnt = start[frontier + 1] - start[frontier]
-        if cnt.sum() == 0:
-            break
-        pos = np.repeat(start[frontier] - np.cumsum(np.r_[0, cnt[:-1]]), cnt) + np.arange(cnt.sum())
-        targets = d_sorted[pos]
-        indeg -= np.bincount(targets, minlength=n)
-        t = np.unique(targets)
-        frontier = t[indeg[t] == 0]
+    level = np.maximum(kahn_levels(n, src, dst), 0)
     rank = np.empty(n, np.int64)
     rank[np.lexsort((np.arange(n), level))] = np.arange(n)
     return rank
