@@ -39,7 +39,6 @@ import pytest
 from fabric.formats.netfile import parse_net
 from fabric.generate import degrade, dragonfly, fattree, random_regular, torus
 from fabric.model import Fabric
-from sm.routing.base import DEFAULT_CHAIN
 from tests.conftest import free_port, need_ibsim, stop_process
 from tests.test_ibsim_election import Ibfm, wait_for
 from tests.test_ibsim_sm import REPO, SIM_SPEED, Sim, parse_ibroute, start_sim
@@ -66,11 +65,8 @@ CASES = {
 
 @contextmanager
 def ibfm_serve(sim: Sim, host: str) -> Iterator[Ibfm]:
-    """``ibfm serve --transport umad`` at ``host`` with routing's default engine chain, for the block.
-
-    The chain is passed explicitly: ``ibfm serve`` takes its default from the settings, which may
-    still name the chain before the layered engine.
-    """
+    """``ibfm serve --transport umad`` at ``host`` with no routing flag, for the block: the default
+    chain must pick the layered engine by itself where ftree refuses."""
     work = sim.work / "ibfm"
     work.mkdir(exist_ok=True)
     env = sim.proc.env(sim_host=host)
@@ -80,7 +76,7 @@ def ibfm_serve(sim: Sim, host: str) -> Iterator[Ibfm]:
     log = work / "ibfm.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ibfm.cli", "serve", "--transport", "umad", "--listen", f"127.0.0.1:{port}",
-         "--sweep-interval", "30", "--guid2lid", str(work / "guid2lid"), "--engine", ",".join(DEFAULT_CHAIN)],
+         "--sweep-interval", "30", "--guid2lid", str(work / "guid2lid")],
         env=env, cwd=work, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -222,6 +218,8 @@ def test_no_credit_loop_on_any_vl_as_the_tools_see_it(name: str, tmp_path: Path)
     case = CASES[name]
     with start_sim(tmp_path, case.build(), case.sm_host) as sim, ibfm_serve(sim, case.sm_host) as sm:
         wait_for("ibfm master with the subnet up", lambda: sm.health().get("subnet_up") is True, 120)
+        engine = sm.health()["routing"]["engine"]  # picked by the default chain, no flag
+        assert engine == ("ftree" if name.startswith("fattree") else "layered"), engine
         t0 = time.monotonic()
         got = judge(sim, case.tool_host)
         print(
