@@ -19,3 +19,15 @@ class FormatError(IbfmError):
         self.path = path
         self.line = line
         self.what = what
+
+
+class ConfigFileError(IbfmError):
+    """A configuration file read as written would mean something else: ``FILE:LINE:COL: what``
+    (``FILE: what`` when the whole file is at fault, line 0)."""
+
+    def __init__(self, source: str, line: int, col: int, what: str) -> None:
+        super().__init__(f"{source}:{line}:{col}: {what}" if line else f"{source}: {what}")
+        self.source = source
+        self.line = line
+        self.col = col
+        self.what = what

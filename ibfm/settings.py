@@ -45,7 +45,7 @@ from sm.qos.config import (
     parse_sl2vl,
     parse_vlarb,
 )
-from sm.routing.base import parse_chain
+from sm.routing.base import DEFAULT_CHAIN, parse_chain
 
 ENV_PREFIX = "IBFM_"
 ENV_NESTED = "__"
@@ -199,7 +199,7 @@ class SmSettings(_Section):
     """The subnet manager: routing, LIDs, sweeps."""
 
     engines: str = Field(
-        "ftree,layered,updn,minhop",
+        ",".join(DEFAULT_CHAIN),
         description="Routing engines tried in order, comma-separated (as OpenSM's `-R`): ftree, layered, updn,"
         " minhop. An engine whose routes would loop on more VLs than the links have counts as refusing.",
     )

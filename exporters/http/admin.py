@@ -11,10 +11,8 @@ Everything here reads the current snapshot and the PerfManager's arrays; nothing
 
 from __future__ import annotations
 
-import asyncio
 import math
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +31,12 @@ from exporters.http.common import (
     page_params,
     query_params,
 )
-from exporters.http.congestion import _build_pattern, _check_spec
+from exporters.http.congestion import _check_spec, predicted_report
 from exporters.http.openapi import API_PREFIX
 from exporters.http.state import current_view
 from exporters.http.view import PHYS_NAMES, STATE_NAMES, SnapshotView
 from fabric.model import NO_PEER, SPEED_GBPS, WIDTH_LANES, WIDTH_NAMES, Speed
-from sm.analysis.flowmodel import CongestionReport, predict_congestion
+from sm.analysis.flowmodel import CongestionReport
 from sm.perf.perfmgr import UNITS
 
 __all__ = ["PREDICTION", "admin"]
@@ -62,8 +60,6 @@ _GBPS_PER_LANE = np.zeros(256, np.float64)
 for _speed, _gbps in SPEED_GBPS.items():
     _GBPS_PER_LANE[int(_speed)] = _gbps
 _WIDTHS_ASCENDING = sorted(WIDTH_LANES, key=WIDTH_LANES.__getitem__)
-_PREDICTIONS_KEPT = 4
-"""Predictions kept per snapshot for ``GET /hot?pattern=`` (by pattern)."""
 
 
 # -- link info ----------------------------------------------------------------------------------------------
@@ -276,10 +272,6 @@ async def list_errors(request: web.Request) -> web.Response:
 
 # -- the busiest links ----------------------------------------------------------------------------------------
 
-_PREDICTED: weakref.WeakKeyDictionary[SnapshotView, OrderedDict[str, CongestionReport]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 async def _prediction(request: web.Request, v: SnapshotView, spec: str | None) -> tuple[str | None, Any]:
     """The pattern and its prediction on this snapshot: the one asked for, else the daemon's configured one."""
@@ -291,20 +283,7 @@ async def _prediction(request: web.Request, v: SnapshotView, spec: str | None) -
         if not name:
             return None, None
         return name, report if report is not None and report.fabric is v.fabric else None
-    cache = _PREDICTED.setdefault(v, OrderedDict())
-    hit = cache.get(spec)
-    if hit is None:
-
-        def run() -> CongestionReport:
-            pat, _ = _build_pattern(v.fabric, v.lids, spec, "pattern")
-            return predict_congestion(v.fabric, v.lids, v.lft, pat)
-
-        hit = await asyncio.to_thread(run)
-        cache[spec] = hit
-        while len(cache) > _PREDICTIONS_KEPT:
-            cache.popitem(last=False)
-    cache.move_to_end(spec)
-    return spec, hit
+    return spec, await predicted_report(v, spec)
 
 
 def _num(x: float, digits: int) -> float | None:

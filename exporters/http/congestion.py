@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import weakref
+from collections import OrderedDict
 from typing import Any
 
 from aiohttp import web
@@ -82,6 +84,33 @@ def _build_pattern(fabric: Fabric, lids: Any, spec: str, parameter: str) -> tupl
         raise ApiError(status, error, f"{parameter}: {e}", parameter) from None
     except OverflowError:  # a shift beyond int64 (the documented form stops at 18 digits)
         raise ApiError(400, "bad_parameter", f"{parameter}: a number in {spec!r} is too large", parameter) from None
+
+
+PREDICTIONS_KEPT = 4
+"""Congestion reports kept per snapshot view by :func:`predicted_report` (the oldest asked goes first)."""
+
+_PREDICTED: weakref.WeakKeyDictionary[SnapshotView, OrderedDict[str, CongestionReport]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def predicted_report(v: SnapshotView, spec: str) -> CongestionReport:
+    """The congestion model's report for pattern ``spec`` (checked) on this snapshot's routes, computed
+    once per view in a worker thread; ApiError as :func:`_build_pattern` raises it."""
+    cache = _PREDICTED.setdefault(v, OrderedDict())
+    hit = cache.get(spec)
+    if hit is None:
+
+        def run() -> CongestionReport:
+            pat, _ = _build_pattern(v.fabric, v.lids, spec, "pattern")
+            return predict_congestion(v.fabric, v.lids, v.lft, pat)
+
+        hit = await asyncio.to_thread(run)
+        cache[spec] = hit
+        while len(cache) > PREDICTIONS_KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(spec)
+    return hit
 
 
 @analysis.get(f"{API_PREFIX}/congestion")

@@ -48,14 +48,13 @@ from exporters.http.common import (
     json_response,
     query_params,
 )
-from exporters.http.congestion import _build_pattern, _check_spec
+from exporters.http.congestion import _check_spec, predicted_report
 from exporters.http.health import _expected
 from exporters.http.openapi import API_PREFIX
 from exporters.http.state import RUNTIME, current_view
 from exporters.http.view import SnapshotView, hex_guid
 from fabric.model import Fabric, NodeType, PortState
 from fabric.shape import detect_shape, switch_ranks
-from sm.analysis.flowmodel import predict_congestion
 from sm.analysis.patterns import port_capacity
 from sm.analysis.validate import compare_cabling
 from sm.sweep.events import LinkDown, LinkUp, PortRef
@@ -249,7 +248,6 @@ def build_layout(f: Fabric, must: frozenset[int], max_switches: int) -> Layout:
 @dataclass
 class _PerSnapshot:
     layouts: dict[tuple[frozenset[int], int], Layout] = field(default_factory=dict)
-    predicted: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
     capacity: npt.NDArray[np.float64] | None = None
     missing: tuple[object, list[tuple[dict[str, Any], dict[str, Any]]]] | None = None
 
@@ -430,22 +428,12 @@ async def get_fabric_view(request: web.Request) -> web.Response:
         source: dict[str, Any] = {"source": "measured", "pattern": None, "perf_sweep": int(perf.sweeps),
                                   "time": float(perf.last_sweep_time) or None}
     else:
-        util = per.predicted.get(spec)
-        if util is None:
-
-            def predict() -> npt.NDArray[np.float64]:
-                try:
-                    pat, _ = _build_pattern(f, v.lids, spec, "pattern")
-                except ApiError as e:
-                    if e.status != 409:
-                        raise
-                    return np.full(f.port_exists.shape, np.nan)  # a pattern this fabric cannot serve: no colours
-                return predict_congestion(f, v.lids, v.lft, pat).utilization
-
-            util = await asyncio.to_thread(predict)
-            if len(per.predicted) >= 4:
-                per.predicted.clear()
-            per.predicted[spec] = util
+        try:
+            util = (await predicted_report(v, spec)).utilization
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            util = np.full(f.port_exists.shape, np.nan)  # a pattern this fabric cannot serve: no colours
         known = bool(np.isfinite(util).any())
         source = {"source": "predicted" if known else "none", "pattern": spec, "perf_sweep": None, "time": None}
 

@@ -98,7 +98,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
-from fabric.errors import IbfmError
+from fabric.errors import ConfigFileError
 from fabric.fileio import TextFileError, read_utf8
 
 __all__ = [
@@ -151,15 +151,9 @@ _BROADCAST_FLAGS = ("mtu", "rate", "Q_Key", "TClass", "FlowLabel")  # what the I
 _BROADCAST_TEMPLATE = 0xFF12_401B_FFFF_0000_0000_0000_FFFF_FFFF  # osm_ipoib_broadcast_mgid, P_Key bits 0xffff
 
 
-class PartitionConfigError(IbfmError):
+class PartitionConfigError(ConfigFileError):
     """A partitions file OpenSM would read differently than it reads: ``FILE:LINE:COL: what``."""
 
-    def __init__(self, source: str, line: int, col: int, what: str) -> None:
-        super().__init__(f"{source}:{line}:{col}: {what}" if line else f"{source}: {what}")
-        self.source = source
-        self.line = line
-        self.col = col
-        self.what = what
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fabric.errors import IbfmError
+from fabric.errors import ConfigFileError
 from fabric.fileio import TextFileError, read_utf8
 
 __all__ = [
@@ -245,15 +245,9 @@ class QosConfig:
 # -- the policy file -----------------------------------------------------------------------------------
 
 
-class QosPolicyError(IbfmError):
+class QosPolicyError(ConfigFileError):
     """A QoS policy file ibfm does not read as written: ``FILE:LINE:COL: what``."""
 
-    def __init__(self, source: str, line: int, col: int, what: str) -> None:
-        super().__init__(f"{source}:{line}:{col}: {what}" if line else f"{source}: {what}")
-        self.source = source
-        self.line = line
-        self.col = col
-        self.what = what
 
 
 NodeTypeWord = Literal["CA", "SWITCH", "ROUTER", "ALL", "SELF"]
