@@ -223,7 +223,7 @@ def test_one_shot_bring_up_at_one_percent_mad_loss(tmp_path: Path) -> None:
 @pytest.mark.ibsim
 def test_serve_repairs_a_cut_link_on_its_trap(tmp_path: Path) -> None:
     """`ibfm serve --transport umad` holds IsSM, so switches' traps reach it: a cut link is routed
-    around within 5 s though the sweep timer is 60 s."""
+    around long before the 60 s sweep timer (within 15 s; about 0.5 s on a quiet machine)."""
     need_ibsim("ibroute", "ibnetdiscover")
     with start_sim(tmp_path, fattree(2, 8, speed=SIM_SPEED), SM_HOST) as sim:
         fabric = read_net(sim.netfile)
@@ -262,7 +262,7 @@ def test_serve_repairs_a_cut_link_on_its_trap(tmp_path: Path) -> None:
             t0 = time.monotonic()
             sim.proc.command('Unlink "leaf-05"[5]')
             seen = None
-            while time.monotonic() - t0 < 5:
+            while time.monotonic() - t0 < 15:
                 h = health()
                 fab = h.get("fabric")
                 if isinstance(fab, dict) and fab.get("links") == links - 1 and h.get("subnet_up"):
