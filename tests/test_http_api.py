@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from exporters.http.app import create_app
 from exporters.http.common import SERVER_LOG, ApiConfig, ApiError
-from exporters.http.congestion import _build_pattern, _check_spec, _link_spec
+from exporters.http.congestion import _build_pattern, _link_spec, check_pattern_spec
 from exporters.http.openapi import (
     LINK_PATTERN,
     MODEL_FOR,
@@ -1083,7 +1083,7 @@ _SPEC_TEXT = st.lists(st.sampled_from(["shift", "incast", "random-bisection", "a
 @given(spec=st.one_of(_SPEC_TEXT, st.from_regex(PATTERN_SPEC_PATTERN, fullmatch=True).filter(lambda t: len(t) <= 200)))
 def test_pattern_spec_pattern_is_what_the_server_takes(view: SnapshotView, spec: str) -> None:
     documented = re.search(PATTERN_SPEC_PATTERN, spec) is not None and len(spec) <= 200
-    status = _status(lambda: _build_pattern(view.fabric, view.lids, _check_spec(spec, "pattern"), "pattern"))
+    status = _status(lambda: _build_pattern(view.fabric, view.lids, check_pattern_spec(spec, "pattern"), "pattern"))
     event(f"documented: {documented}, {status}")
     if documented:
         assert status in (200, 409), spec

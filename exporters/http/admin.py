@@ -31,7 +31,7 @@ from exporters.http.common import (
     page_params,
     query_params,
 )
-from exporters.http.congestion import _check_spec, predicted_report
+from exporters.http.congestion import check_pattern_spec, predicted_report
 from exporters.http.openapi import API_PREFIX
 from exporters.http.state import current_view
 from exporters.http.view import PHYS_NAMES, STATE_NAMES, SnapshotView
@@ -295,7 +295,7 @@ async def list_hot(request: web.Request) -> web.Response:
     q = query_params(request, ("top", "by", "pattern"))
     top = int_param(q, "top", 10, 1, 1000)
     by = choice_param(q, "by", ("measured", "predicted")) or "measured"
-    spec = _check_spec(q["pattern"], "pattern") if "pattern" in q else None
+    spec = check_pattern_spec(q["pattern"], "pattern") if "pattern" in q else None
     v = current_view(request)
     f = v.fabric
     pattern, report = await _prediction(request, v, spec)

@@ -54,7 +54,7 @@ def _congestion_json(c: CongestionReport, n_hosts: int, top: int = 10) -> dict[s
     }
 
 
-def _check_spec(text: str, parameter: str) -> str:
+def check_pattern_spec(text: str, parameter: str) -> str:
     """A pattern spec's length (its meaning is checked against the fabric)."""
     if not text.strip():
         raise ApiError(400, "bad_parameter", f"{parameter}: empty traffic pattern", parameter)
@@ -116,7 +116,7 @@ async def predicted_report(v: SnapshotView, spec: str) -> CongestionReport:
 @analysis.get(f"{API_PREFIX}/congestion")
 async def get_congestion(request: web.Request) -> web.Response:
     q = query_params(request, ("pattern", "top"))
-    spec = _check_spec(q.get("pattern", "shift:1"), "pattern")
+    spec = check_pattern_spec(q.get("pattern", "shift:1"), "pattern")
     top = int_param(q, "top", 10, 0, 1000)
     v = current_view(request)
     key = (spec, top)
@@ -201,7 +201,7 @@ async def post_whatif(request: web.Request) -> web.Response:
         raise ApiError(400, "bad_body", f"{loc}: {err['msg']}", loc) from None
     if not req.links and not req.switches:
         raise ApiError(400, "bad_body", "name at least one cable (links) or switch (switches) to fail", "links")
-    pat = _check_spec(req.pattern, "pattern")
+    pat = check_pattern_spec(req.pattern, "pattern")
     _build_pattern(v.fabric, v.lids, pat, "pattern")  # a bad spec is the caller's error, not a result
     # a cable or switch named twice (by either end, by name, GUID or LID) is failed once
     links: list[tuple[int, int]] = []

@@ -48,7 +48,7 @@ from exporters.http.common import (
     json_response,
     query_params,
 )
-from exporters.http.congestion import _check_spec, predicted_report
+from exporters.http.congestion import check_pattern_spec, predicted_report
 from exporters.http.health import _expected
 from exporters.http.openapi import API_PREFIX
 from exporters.http.state import RUNTIME, current_view
@@ -399,7 +399,7 @@ def _round(x: float) -> float | None:
 async def get_fabric_view(request: web.Request) -> web.Response:
     q = query_params(request, ("max_switches", "pattern"))
     max_switches = int_param(q, "max_switches", MAX_SWITCHES_DEFAULT, 1, MAX_SWITCHES)
-    spec = _check_spec(q.get("pattern", "shift:1"), "pattern")
+    spec = check_pattern_spec(q.get("pattern", "shift:1"), "pattern")
     v = current_view(request)
     s = v.snap
     f = v.fabric
