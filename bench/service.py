@@ -15,11 +15,14 @@ pages it shares with the parent) and PSS (shared pages split between them).
    the body, gzipped and as text, for the whole fabric, each of ``--shards``
    shards and each ``collect[]`` group.
 4. A real Prometheus (Debian's ``prometheus``; a temporary config and TSDB,
-   its own port) scraping the whole fabric every ``--scrape-interval`` s for
-   ``--scrape-seconds`` s, then (a fresh Prometheus) ``--shards`` jobs, one
-   per shard: ``scrape_duration_seconds`` and ``scrape_samples_scraped`` of
-   every scrape (goal: < 2 s for the whole fabric; gzipped body < 10 MB; peak
-   RSS with the routing child < 1 GB).
+   its own port) for ``--scrape-seconds`` s each, a fresh one per phase:
+   every group of the whole fabric in one job every ``--scrape-interval`` s;
+   ``dashboards/prometheus-paced.yml`` as shipped (every port's traffic
+   counters every 15 s, the rest every minute); ``--shards`` jobs, one per
+   shard. Per job ``scrape_duration_seconds`` and ``scrape_samples_scraped``
+   of every scrape, and Prometheus's own CPU per sample (goal: < 2 s for a
+   scrape of the whole fabric's traffic; gzipped body < 10 MB; peak RSS with
+   the routing child < 1 GB).
 5. With ``--routes``: ``GET /api/v1/routes`` from a client in a separate process
    (aiohttp), open loop at ``--rate`` requests/s for ``--seconds`` s (latency
    from each request's scheduled send time, so a stall counts), then closed loop
@@ -336,10 +339,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def scrape_config(target: str, shards: int, interval: float, timeout: float) -> str:
-    """One job for the whole fabric (shards == 0), or one job per shard (``params: shard: [i/n]``)."""
+PACED = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus-paced.yml"
+FAST_JOB = "ibfm"
+"""The paced configuration's often-scraped job: every port's traffic counters (the goal is on it)."""
+
+
+def scrape_config(target: str, kind: str, shards: int, interval: float, timeout: float) -> str:
+    """``whole``: every group in one job; ``paced``: dashboards/prometheus-paced.yml as shipped (its
+    paces), on ``target``; ``shards``: one job per shard (``params: shard: [i/n]``)."""
+    if kind == "paced":
+        return PACED.read_text().replace("localhost:9690", target)
     head = f"global:\n  scrape_interval: {interval:g}s\n  scrape_timeout: {timeout:g}s\nscrape_configs:\n"
-    if shards == 0:
+    if kind == "whole":
         return head + f"  - job_name: ibfm\n    static_configs:\n      - targets: ['{target}']\n"
     jobs = [
         f"  - job_name: ibfm-shard-{i}\n    params:\n      shard: ['{i}/{shards}']\n"
@@ -349,21 +360,30 @@ def scrape_config(target: str, shards: int, interval: float, timeout: float) -> 
     return head + "".join(jobs)
 
 
-async def prometheus_phase(binary: str, target: str, shards: int, args: argparse.Namespace) -> None:
-    """Run a fresh Prometheus for ``args.scrape_seconds`` and print what its scrapes took."""
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def prometheus_phase(binary: str, target: str, kind: str, args: argparse.Namespace) -> None:
+    """Run a fresh Prometheus for ``args.scrape_seconds`` and print what its scrapes took, and its CPU."""
     work = Path(tempfile.mkdtemp(prefix="ibfm-bench-prom-"))
     port = _free_port()
-    (work / "prometheus.yml").write_text(scrape_config(target, shards, args.scrape_interval, args.scrape_timeout))
+    config = scrape_config(target, kind, args.shards, args.scrape_interval, args.scrape_timeout)
+    (work / "prometheus.yml").write_text(config)
     log = (work / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )
-    what = "whole fabric" if shards == 0 else f"{shards} shard jobs"
+    what = {"whole": "every group in one job", "paced": f"two paces ({PACED.name})",
+            "shards": f"{args.shards} shard jobs"}[kind]
     try:
         t0 = time.perf_counter()
         first: dict[str, float] = {}
+        cpu0 = cpu_t0 = None
         async with aiohttp.ClientSession() as s:
             while time.perf_counter() - t0 < args.scrape_seconds:
                 await asyncio.sleep(1.0)
@@ -375,6 +395,10 @@ async def prometheus_phase(binary: str, target: str, shards: int, args: argparse
                 for t in targets:
                     if t["health"] != "unknown":
                         first.setdefault(t["labels"]["job"], time.perf_counter() - t0)
+                if cpu0 is None and targets and len(first) == len(targets):
+                    cpu0, cpu_t0 = _cpu_seconds(proc.pid), time.perf_counter()  # every job past its first scrape
+            cpu = _cpu_seconds(proc.pid) - cpu0 if cpu0 is not None else float("nan")
+            cpu_wall = time.perf_counter() - cpu_t0 if cpu_t0 is not None else float("nan")
         print("  first scrape done (Prometheus creates every series: slow) at "
               + ", ".join(f"{j} {v:.0f} s" for j, v in sorted(first.items())) + " after Prometheus started"
               if first else "  no scrape completed")
@@ -386,20 +410,23 @@ async def prometheus_phase(binary: str, target: str, shards: int, args: argparse
         for series in res["data"]["result"]:
             m = series["metric"]
             by[(m["job"], m["__name__"])] = [float(v) for _, v in series["values"]]
-        print(f"Prometheus {what}, every {args.scrape_interval:g} s for {args.scrape_seconds:g} s:")
-        worst = 0.0
+        print(f"Prometheus {what}, {args.scrape_seconds:g} s:")
+        samples = 0.0
         for job in sorted({j for j, _ in by}):
             d = by.get((job, "scrape_duration_seconds"), [])
             n = by.get((job, "scrape_samples_scraped"), [])
             up = by.get((job, "up"), [])
             later = d[1:] or d  # the first scrape creates every series in the TSDB
-            worst = max(worst, max(later, default=0.0))
+            worst = max(later, default=0.0)
+            samples += max(n, default=0.0) * (cpu_wall / _interval(config, job, args.scrape_interval))
+            goal = kind == "whole" or (kind == "paced" and job == FAST_JOB)
+            mark = f" [{'ok' if worst < GOAL_SCRAPE_S else 'ABOVE GOAL'}: < {GOAL_SCRAPE_S:g} s]" if goal else ""
             print(f"  {job:<14} scrapes {len(d)}, up {sum(up):.0f}/{len(up)}, samples {max(n, default=0):,.0f}; "
                   f"scrape_duration_seconds first {d[0] if d else float('nan'):.2f}, then "
-                  + ", ".join(f"{x:.2f}" for x in later[:12]))
-        if shards == 0:
-            mark = "ok" if worst < GOAL_SCRAPE_S else "ABOVE GOAL"
-            print(f"  slowest scrape after the first: {worst:.2f} s [{mark}: < {GOAL_SCRAPE_S:g} s]")
+                  + ", ".join(f"{x:.2f}" for x in later[:12]) + f"; slowest after the first {worst:.2f} s{mark}")
+        print(f"  Prometheus CPU after every job's first scrape: {cpu:.1f} s in {cpu_wall:.0f} s "
+              f"(~{samples:,.0f} samples scraped: {1e6 * cpu / samples if samples else float('nan'):.1f} us a sample); "
+              f"its RSS {_proc_kib(proc.pid, 'VmRSS') / 1024:.0f} MiB")
     finally:
         proc.terminate()
         try:
@@ -409,6 +436,14 @@ async def prometheus_phase(binary: str, target: str, shards: int, args: argparse
             proc.wait()
         log.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _interval(config: str, job: str, default: float) -> float:
+    """A job's scrape interval in seconds, from the configuration text (``scrape_interval: Ns`` after its name)."""
+    import re
+
+    m = re.search(rf"job_name: {re.escape(job)}\n(?:    .*\n)*?    scrape_interval: (\d+)s", config)
+    return float(m.group(1)) if m else default
 
 
 async def measure_bodies(base: str, shards: int) -> None:
@@ -502,11 +537,16 @@ async def server_main(args: argparse.Namespace) -> None:
     elif binary is None:
         print("no prometheus binary (Debian: apt install prometheus): scrapes by a real Prometheus skipped")
     else:
-        sampler.mark("Prometheus: whole fabric")
-        await prometheus_phase(binary, f"{host}:{port}", 0, args)
-        if args.shards > 1:
+        phases = set(args.phases.split(","))
+        if "whole" in phases:
+            sampler.mark("Prometheus: every group, one job")
+            await prometheus_phase(binary, f"{host}:{port}", "whole", args)
+        if "paced" in phases:
+            sampler.mark("Prometheus: two paces")
+            await prometheus_phase(binary, f"{host}:{port}", "paced", args)
+        if args.shards > 1 and "shards" in phases:
             sampler.mark(f"Prometheus: {args.shards} shard jobs")
-            await prometheus_phase(binary, f"{host}:{port}", args.shards, args)
+            await prometheus_phase(binary, f"{host}:{port}", "shards", args)
 
     if args.routes:
         sampler.mark("route queries")
@@ -588,6 +628,8 @@ if __name__ == "__main__":
     ap.add_argument("--scrape-timeout", type=float, default=14.0, help="Prometheus scrape timeout")
     ap.add_argument("--scrape-seconds", type=float, default=240.0, help="how long each Prometheus phase runs")
     ap.add_argument("--no-prometheus", dest="prometheus", action="store_false", help="skip the Prometheus phases")
+    ap.add_argument("--phases", default="whole,paced,shards",
+                    help="Prometheus phases, comma-separated: whole (every group, one job), paced, shards")
     ap.add_argument("--routes", action="store_true", help="also run the route-query load and heavy endpoints")
     ap.add_argument("--rate", type=float, default=1000.0, help="open-loop route queries per second")
     ap.add_argument("--seconds", type=float, default=10.0, help="open-loop duration")

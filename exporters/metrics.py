@@ -393,8 +393,10 @@ PERFMGR_METRICS: tuple[MetricDef, ...] = (
     PERFMGR_PORTS_READ,
 )
 
-PORT_TRAFFIC: tuple[MetricDef, ...] = PORT_COUNTERS[:9]
-"""Data, packet and XmitWait counters (they move with every counter sweep)."""
+PORT_TRAFFIC: tuple[MetricDef, ...] = (PORT_XMIT_DATA, PORT_RCV_DATA, PORT_XMIT_WAIT)
+"""Data and XmitWait counters: what link utilization and congestion are read from, scraped often."""
+PORT_PACKETS: tuple[MetricDef, ...] = tuple(m for m in PORT_COUNTERS[:9] if m not in PORT_TRAFFIC)
+"""Packet counters (all, unicast, multicast): they move with every sweep but few panels read them."""
 PORT_ERRORS: tuple[MetricDef, ...] = PORT_COUNTERS[9:]
 """The PortCounters error counters (they rarely move)."""
 
@@ -413,6 +415,7 @@ GROUPS: dict[str, tuple[MetricDef, ...]] = {
     "port_info": (PORT_INFO,),
     "port_state": PORT_INFO_GAUGES,
     "port_traffic": PORT_TRAFFIC,
+    "port_packets": PORT_PACKETS,
     "port_errors": PORT_ERRORS,
     "congestion": PORT_PREDICTED,
 }

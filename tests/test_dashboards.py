@@ -206,7 +206,7 @@ def test_provisioning_points_at_the_generated_dashboards() -> None:
         assert dsvar["current"]["value"] == DATASOURCE_UID
 
 
-@pytest.mark.parametrize("name", ["prometheus.yml", "prometheus-shards.yml"])
+@pytest.mark.parametrize("name", ["prometheus.yml", "prometheus-shards.yml", "prometheus-paced.yml"])
 def test_scrape_config_is_valid(name: str) -> None:
     promtool = need_tool("promtool")
     res = subprocess.run(
@@ -220,6 +220,17 @@ def test_shard_config_covers_every_shard_once() -> None:
     shards = re.findall(r'shard: \["(\d+)/(\d+)"\]', text)
     n = {int(b) for _, b in shards}
     assert len(n) == 1 and sorted(int(a) for a, _ in shards) == list(range(n.pop()))
+
+
+def test_paced_config_scrapes_every_group_once() -> None:
+    """The two-pace configuration: every family group in exactly one job, the traffic job the often one."""
+    text = (DASHBOARDS / "prometheus-paced.yml").read_text()
+    jobs = re.findall(r"job_name: (\S+)\n    scrape_interval: (\d+)s\n(?:.*\n)*?      collect\[\]: \[([^\]]*)\]", text)
+    groups = {job: ([g.strip() for g in listed.split(",")], int(every)) for job, every, listed in jobs}
+    named = [g for gs, _ in groups.values() for g in gs]
+    assert sorted(named) == sorted(M.GROUPS) and len(named) == len(set(named)), groups
+    often = min(groups.values(), key=lambda v: v[1])[0]
+    assert "port_traffic" in often and "port_errors" not in often
 
 
 def test_per_port_panels_name_ports_through_the_info_series() -> None:
