@@ -15,7 +15,16 @@ from sm.analysis.patterns import random_permutation, shift
 from sm.analysis.verify import link_loads, verify_routes
 from sm.lidmap import LidMap, sequential_lids
 from sm.routing.base import DEFAULT_CHAIN, Lft, Routes, RoutingError, RoutingOptions, make_engine, route
-from sm.routing.layered import LayeringError, assign_layers, break_cycles, feedback_order, layers_used
+from sm.routing.layered import (
+    LayeringError,
+    assign_layers,
+    balanced_lft,
+    break_cycles,
+    feedback_order,
+    layers_used,
+    lowest_port_lft,
+    pattern_balance,
+)
 
 FABRICS: dict[str, Callable[[], Fabric]] = {
     "ring-8": lambda: ring(8, 2),
@@ -212,8 +221,15 @@ def test_a_large_dragonfly_layers_quickly_on_few_vls() -> None:
     out = layered(f, lids)
     assert find_credit_loops(f, lids, out.lft, layers=out.layers, from_cas=True, max_loops=1) == []
     assert layers_used(out.layers) <= 3
-    with pytest.raises(LayeringError, match=r"layered: routes need more than 2 VL layers"):
-        layered(f, lids, max_layers=2)
+    assert np.array_equal(out.lft, balanced_lft(f, lids)), "the balanced routes: lower worst load (measured)"
+    # On 2 VLs the balanced routes cannot be layered; the lowest-port ones can (measured), so the engine
+    # takes those rather than refusing.
+    two = layered(f, lids, max_layers=2)
+    assert np.array_equal(two.lft, lowest_port_lft(f, lids))
+    assert layers_used(two.layers) == 2
+    assert find_credit_loops(f, lids, two.lft, layers=two.layers, from_cas=True, max_loops=1) == []
+    with pytest.raises(LayeringError, match=r"layered: routes need more than 1 VL layer"):
+        layered(f, lids, max_layers=1)
 
 
 @pytest.mark.parametrize("name", ["torus-4x4", "random-24x4", "fattree3-k6-degraded", "dragonfly-9x4"])
@@ -227,3 +243,123 @@ def test_layers_do_not_depend_on_the_block_size(name: str, monkeypatch: pytest.M
             m.setattr(layered_mod, "_CELLS_PER_BLOCK", 1)  # 64 LIDs a block: several blocks
             many = assign_layers(f, lids, lft, 8, from_cas=from_cas)
         assert np.array_equal(one, many)
+
+
+def bench_loads(f: Fabric, lids: LidMap, lft: Lft, perms: int = 16) -> tuple[int, int]:
+    """Worst directed link load over every shift, and over ``perms`` random permutations (as bench/routing.py)."""
+    sw = f.switches
+    n = int(f.cas.size)
+    shifts = max(int(link_loads(f, lids, lft, shift(f, lids, s).pairs())[sw].max()) for s in range(1, n))
+    rand = max(int(link_loads(f, lids, lft, random_permutation(f, lids, s).pairs())[sw].max()) for s in range(perms))
+    return shifts, rand
+
+
+def test_a_2d_torus_takes_two_vls_like_lash() -> None:
+    # OpenSM on this fabric (bench/routing.py --deadlock): lash 6/5 on 2 VLs, dfsssp 6/5 on 4.
+    f = torus([4, 4], 3, radix=8)
+    lids = sequential_lids(f)
+    out = layered(f, lids)
+    assert layers_used(out.layers) == 2
+    assert find_credit_loops(f, lids, out.lft, layers=out.layers, from_cas=True) == []
+    assert find_credit_loops(f, lids, out.lft, from_cas=True), "one VL would deadlock"
+    assert bench_loads(f, lids, out.lft) <= (6, 5)
+    # Dimension order won: the lowest-port routes, which balance the shifts no worse.
+    assert np.array_equal(out.lft, lowest_port_lft(f, lids))
+    with pytest.raises(LayeringError, match=r"layered: routes need more than 1 VL layer"):
+        layered(f, lids, max_layers=1)
+
+
+def test_a_random_graph_takes_two_vls_and_stays_balanced() -> None:
+    # OpenSM: dfsssp 5/4 on 3 VLs, lash 6/5 on 2 (same host order).
+    f = random_regular(16, 4, 2, seed=1)
+    lids = sequential_lids(f)
+    out = layered(f, lids)
+    assert layers_used(out.layers) == 2
+    assert find_credit_loops(f, lids, out.lft, layers=out.layers, from_cas=True) == []
+    assert bench_loads(f, lids, out.lft) <= (4, 4)
+    assert np.array_equal(out.lft, balanced_lft(f, lids))
+
+
+def test_a_degraded_tree_keeps_the_balanced_routes() -> None:
+    f = degrade(fattree(3, 6), links=6, seed=3)
+    lids = sequential_lids(f)
+    out = layered(f, lids)
+    assert np.array_equal(out.lft, balanced_lft(f, lids)), "the lowest-port routes pile up (9 on a link)"
+    assert pattern_balance(f, lids, out.lft)[0] < pattern_balance(f, lids, lowest_port_lft(f, lids))[0]
+    assert layers_used(out.layers) <= 2
+
+
+def test_above_the_candidate_size_the_balanced_routes_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = torus([4, 4], 3, radix=8)
+    lids = sequential_lids(f)
+    monkeypatch.setattr(layered_mod, "CANDIDATE_HOSTS", 0)
+    out = layered(f, lids)
+    assert np.array_equal(out.lft, balanced_lft(f, lids))
+    assert layers_used(out.layers) == 3
+    assert find_credit_loops(f, lids, out.lft, layers=out.layers, from_cas=True) == []
+    # ... unless they cannot be layered: then the lowest-port routes, if those can.
+    out = layered(f, lids, max_layers=2)
+    assert np.array_equal(out.lft, lowest_port_lft(f, lids))
+    assert layers_used(out.layers) == 2
+    assert find_credit_loops(f, lids, out.lft, layers=out.layers, from_cas=True) == []
+    with pytest.raises(LayeringError, match=r"layered: routes need more than 1 VL layer"):
+        layered(f, lids, max_layers=1)
+
+
+@pytest.mark.parametrize("name", sorted(FABRICS))
+def test_lowest_port_routes_are_shortest_paths(name: str) -> None:
+    f = FABRICS[name]()
+    lids = sequential_lids(f)
+    lft = lowest_port_lft(f, lids)
+    rep = verify_routes(f, lids, lft)
+    assert rep.ok, rep.summary()
+    minhop = make_engine("minhop").compute(f, lids)
+    assert isinstance(minhop, np.ndarray)
+    # Same hop counts as min-hop on every host pair: the loads of all-to-all add up the same.
+    pairs = random_permutation(f, lids, 0).pairs()
+    assert link_loads(f, lids, lft, pairs).sum() == link_loads(f, lids, minhop, pairs).sum()
+
+
+def _first_fit_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layering by first fit alone: the channel orders give up at once, the cuts never run."""
+    monkeypatch.setattr(layered_mod, "_by_order", lambda r, max_layers: None)
+    monkeypatch.setattr(layered_mod, "CUT_WORK", 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("routes", ["balanced", "lowest-port"])
+def test_first_fit_layers_are_free_of_credit_loops(seed: int, routes: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[Callable[[], Fabric]] = [
+        lambda: random_regular(20, 4, 2, seed=seed),
+        lambda: torus([4, 3 + seed % 3], 2, radix=8),
+        lambda: dragonfly(5 + seed % 2, 3, 2, 2),
+    ]
+    f = builds[seed % 3]()
+    lids = sequential_lids(f)
+    lft = balanced_lft(f, lids) if routes == "balanced" else lowest_port_lft(f, lids)
+    _first_fit_only(monkeypatch)
+    for from_cas in (True, False):
+        layers = assign_layers(f, lids, lft, 8, from_cas=from_cas)
+        assert find_credit_loops(f, lids, lft, layers=layers, from_cas=from_cas) == []
+        assert np.array_equal(layers, assign_layers(f, lids, lft, 8, from_cas=from_cas)), "deterministic"
+
+
+def test_first_fit_past_max_layers_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = torus([4, 4], 3, radix=8)
+    lids = sequential_lids(f)
+    lft = balanced_lft(f, lids)  # needs 3 layers
+    _first_fit_only(monkeypatch)
+    assert layers_used(assign_layers(f, lids, lft, 3)) == 3
+    with pytest.raises(LayeringError, match=r"layered: routes need more than 2 VL layers"):
+        assign_layers(f, lids, lft, 2)
+
+
+def test_first_fit_past_its_budget_leaves_the_other_layerings(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = random_regular(16, 4, 2, seed=1)
+    lids = sequential_lids(f)
+    lft = balanced_lft(f, lids)
+    assert layers_used(assign_layers(f, lids, lft, 8)) == 2  # first fit; the orders and cuts take 3
+    monkeypatch.setattr(layered_mod, "FIRST_FIT_WORK", 0)
+    layers = assign_layers(f, lids, lft, 8)
+    assert layers_used(layers) == 3
+    assert find_credit_loops(f, lids, lft, layers=layers, from_cas=True) == []

@@ -1,6 +1,6 @@
 """Layered routing: balanced shortest paths spread over virtual-lane layers, deadlock-free on any topology.
 
-DFSSSP-style (Domke, Hoefler, Nagel, IPDPS 2011), in two steps:
+DFSSSP-style (Domke, Hoefler, Nagel, IPDPS 2011), with LASH's routes and layering on small fabrics:
 
 1. **Routes.** Destination LID by destination LID (in LID order), every
    switch takes, among its ports on a shortest path, the one whose path
@@ -29,18 +29,39 @@ DFSSSP-style (Domke, Hoefler, Nagel, IPDPS 2011), in two steps:
    groups": two layers for the paths crossing one global link), and, when tried, a feedback arc order
    of the layer's core (Eades, Lin and Smyth) weighted by paths. Two
    ways are run (the best link order every layer; the best of all three
-   every layer) and, when those need more than 2 layers and the listed
-   paths are few enough, DFSSSP's own way within a work budget
+   every layer). When those need more than 2 layers and the listed paths,
+   once identical ones are merged, are few (:data:`FIRST_FIT_PATHS`),
+   LASH's way is tried (:func:`_first_fit`: longest paths first, each to
+   the lowest layer it keeps acyclic, tested on each layer's transitive
+   closure; measured 2 layers where the orders take 3 on a 4x4 torus and a
+   16-switch random graph); otherwise DFSSSP's own way within a work budget
    (:func:`_by_cuts`: repeatedly cut the lightest dependency of cycles of
-   the layer and move the paths through it); the fewest layers win. Layer ``k`` is SL ``k`` and VL ``k``. The work is
+   the layer and move the paths through it; measured never fewer layers
+   than the first fit). The fewest layers win. Layer ``k`` is SL ``k`` and VL ``k``. The work is
    bounded: at most ``RoutingOptions.max_layers`` layers (the links'
    operational VLs) are tried, each a few passes over the listed paths and
-   one feedback arc order, and the cuts stop at :data:`CUT_WORK`; a fabric
+   one feedback arc order, and the first fit and the cuts stop at
+   :data:`FIRST_FIT_WORK` and :data:`CUT_WORK`; a fabric
    that needs more layers is refused with a :class:`LayeringError` (a
    :class:`RoutingError`) saying how many it has, and the chain falls back.
+3. **Choice** (fabrics of at most :data:`CANDIDATE_HOSTS` hosts). The
+   balanced routes spread all-to-all traffic but not always shifts: on a
+   torus dimension order does better (measured worst shift load on a 6x6
+   torus: 9 balanced, 6 in dimension order) and its turns layer on fewer
+   VLs (2 on a 2-D torus, as LASH). So :func:`lowest_port_lft` (LASH's
+   routes: one shortest-path tree per destination switch, lowest port on a
+   tie, dimension order on a torus) is layered too, and the engine keeps,
+   of the two, the lower worst link load over shift and random
+   permutations (:func:`pattern_balance`), then the fewer layers, the
+   lower mean load, the fewer channel dependencies. Balance is never traded
+   for VLs. Larger fabrics take the balanced routes (the patterns cost
+   ``O(hosts^2)``), or the lowest-port ones when only those can be
+   layered (measured: an 8x8 torus with 16 hosts a switch needs more than
+   8 layers balanced, 2 in dimension order).
 
 Routing is per destination LID in blocks of LIDs, as numpy arrays over
-switch rows; layering is numpy over the listed paths: no per-path Python objects.
+switch rows; layering is numpy over the listed paths: no per-path Python objects (the first fit
+loops in Python over at most :data:`FIRST_FIT_PATHS` merged paths).
 """
 
 from __future__ import annotations
@@ -54,12 +75,22 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.model import Fabric, NodeType
-from sm.analysis.creditflow import kahn_levels
+from sm.analysis.creditflow import channel_dependency_graph, kahn_levels
+from sm.analysis.patterns import hosts, random_permutation
+from sm.analysis.verify import link_loads, shift_quality
 from sm.lidmap import LidMap
 from sm.routing._hops import UNREACHABLE, SwitchGraph, destinations, hop_matrix, switch_graph
 from sm.routing.base import NO_ROUTE, Layers, Lft, Routes, RoutingError, RoutingOptions, empty_lft, register
 
-__all__ = ["LayeredEngine", "LayeringError", "assign_layers", "balanced_lft", "injecting_rows"]
+__all__ = [
+    "LayeredEngine",
+    "LayeringError",
+    "assign_layers",
+    "balanced_lft",
+    "injecting_rows",
+    "lowest_port_lft",
+    "pattern_balance",
+]
 
 _Ints = npt.NDArray[np.signedinteger[Any]]
 
@@ -124,9 +155,9 @@ def _levels(nbr: npt.NDArray[np.int64], dist_to_d: npt.NDArray[np.uint8]) -> lis
     cand = (dd[nb] == dd[:n, None] - 1) & (nbr >= 0)
     count = cand.sum(axis=1)
     kmax = int(count.max()) if n else 0
-    # Compact each row's candidate ports to the left, lowest port first.
+    # Compact each row's candidate ports to the left, lowest port first (nonzero lists them row-major).
     r, p = np.nonzero(cand)
-    pos = np.cumsum(cand, axis=1)[r, p] - 1
+    pos = np.arange(r.size) - (np.cumsum(count) - count)[r]
     ports = np.full((n, max(kmax, 1)), n_ports, np.int64)
     ports[r, pos] = p
     nxt = np.full((n, max(kmax, 1)), n, np.int64)
@@ -157,6 +188,12 @@ def _ca_ports_per_row(fabric: Fabric, lids: LidMap, g: SwitchGraph) -> npt.NDArr
     row = g.row_of[fabric.peer_node[ep[:, 0], ep[:, 1]].astype(np.int64)]
     row = row[row >= 0]
     return np.bincount(row, minlength=g.n).astype(np.float64)
+
+
+def _ca_lids(fabric: Fabric, lids: LidMap) -> int:
+    """CA end ports with a LID."""
+    ep = np.argwhere(lids.base > 0)
+    return int(np.count_nonzero(fabric.node_type[ep[:, 0]] == NodeType.CA))
 
 
 def injecting_rows(fabric: Fabric, g: SwitchGraph | None = None) -> npt.NDArray[np.bool_]:
@@ -215,19 +252,22 @@ def balanced_lft(fabric: Fabric, lids: LidMap, g: SwitchGraph | None = None, *, 
     n_ports = g.nbr.shape[1]
     dst = destinations(fabric, lids, g)
     ok = dst.row >= 0
+    # Switch LIDs add no weight: all of them at once, on the lowest-port shortest paths.
+    sw_lid = ok & ~dst.counted
+    if sw_lid.any():
+        _fill_lowest(lft, _lowest_ports(g, dist), dst.lid[sw_lid], dst.row[sw_lid], dst.egress[sw_lid])
+    ok &= dst.counted
     lid_all, row_all, egress_all, counted_all = dst.lid[ok], dst.row[ok], dst.egress[ok], dst.counted[ok]
-    # CA LIDs in LID order, grouped by the switch they hang on (in order of its first CA LID); a
-    # switch's own LIDs, which add no weight, right after its CA LIDs, so each switch's shortest-path
-    # DAG is built once.
+    # CA LIDs in LID order, grouped by the switch they hang on (in order of its first CA LID), so
+    # each switch's shortest-path DAG is built once.
     first = np.full(n, np.iinfo(np.int64).max, np.int64)
     pos = np.arange(row_all.size)
-    np.minimum.at(first, row_all, np.where(counted_all, pos, row_all.size + pos))
-    order = np.lexsort((np.arange(row_all.size), ~counted_all, first[row_all]))
+    np.minimum.at(first, row_all, pos)
+    order = np.lexsort((np.arange(row_all.size), first[row_all]))
     lid_all, row_all, egress_all, counted_all = lid_all[order], row_all[order], egress_all[order], counted_all[order]
     src_weight = _ca_ports_per_row(fabric, lids, g)
     w = np.zeros(n * (n_ports + 1), np.float64)
     w.reshape(n, n_ports + 1)[:, n_ports] = np.inf
-    w_none = w.copy()
     lft_t = np.ascontiguousarray(lft.T)
     # Runs of LIDs delivered from the same switch, cut into batches.
     cut = np.r_[True, row_all[1:] != row_all[:-1]]
@@ -246,10 +286,7 @@ def balanced_lft(fabric: Fabric, lids: LidMap, g: SwitchGraph | None = None, *, 
             cache[d] = levels
         nb_ = b - a
         if nb_ == 1:
-            if counted_all[a]:
-                _route_one(levels, w, src_weight, lft_t[lid_all[a]], d, n)
-            else:  # a switch LID: lowest-port shortest paths, as few distinct turns as possible
-                _route_one(levels, w_none, None, lft_t[lid_all[a]], d, n)
+            _route_one(levels, w, src_weight, lft_t[lid_all[a]], d, n)
             lft_t[lid_all[a], d] = egress_all[a]
             continue
         j = np.arange(nb_, dtype=np.int64)[:, None]
@@ -283,6 +320,46 @@ def balanced_lft(fabric: Fabric, lids: LidMap, g: SwitchGraph | None = None, *, 
     return np.ascontiguousarray(lft_t.T)
 
 
+def _lowest_ports(g: SwitchGraph, dist: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """``[row, destination row]``: the lowest port on a shortest path (NO_ROUTE where none or at the row itself)."""
+    n = g.n
+    d16 = dist.astype(np.int16)
+    port_to = np.full((n, n), NO_ROUTE, np.uint8)
+    for p in reversed(range(g.nbr.shape[1])):  # the lowest port written last
+        has = np.flatnonzero(g.nbr[:, p] >= 0)
+        if has.size == 0:
+            continue
+        step = d16[g.nbr[has, p]] == d16[has] - 1
+        sub = port_to[has]
+        sub[step] = p
+        port_to[has] = sub
+    return port_to
+
+
+def _fill_lowest(
+    lft: Lft, port_to: npt.NDArray[np.uint8], lid: _Ints, row: _Ints, egress: _Ints
+) -> None:
+    """LIDs ``lid`` (delivered at ``row`` on port ``egress``) on the lowest-port shortest paths."""
+    lft[:, lid] = port_to[:, row]
+    lft[row, lid] = egress
+
+
+def lowest_port_lft(fabric: Fabric, lids: LidMap, g: SwitchGraph | None = None) -> Lft:
+    """Shortest paths taking the lowest port on every tie, one tree per destination switch (no balancing).
+
+    LASH's routes: on a torus cabled dimension by dimension (``fabric.generate.torus``) this is
+    dimension-order routing, which spreads every shift evenly and whose turns layer on 2 VLs in 2-D.
+    """
+    g = g if g is not None else switch_graph(fabric)
+    lft = empty_lft(fabric, lids)
+    if g.n == 0:
+        return lft
+    dst = destinations(fabric, lids, g)
+    ok = dst.row >= 0
+    _fill_lowest(lft, _lowest_ports(g, hop_matrix(g.nbr)), dst.lid[ok], dst.row[ok], dst.egress[ok])
+    return lft
+
+
 # -- layers -------------------------------------------------------------------------------------------
 
 
@@ -307,29 +384,28 @@ def _block_turns(
     chan_id: npt.NDArray[np.int64],
     lid0: int,
     lid1: int,
-) -> tuple[_Ints, _Ints]:
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """For the cells of LIDs ``lid0:lid1`` (flat ``row * b + j``): the next cell and the turn code."""
     n = g.n
     n_ports = g.nbr.shape[1]
     bl = lid1 - lid0
-    nbr256 = np.full((n, 256), -1, np.int64)
+    nbr256 = np.full((n, 256), -1, np.int32)
     nbr256[:, :n_ports] = g.nbr
-    rows = np.arange(n, dtype=np.int64)[:, None]
+    chan = chan_id.astype(np.int32).ravel()
     part = lft[:, lid0:lid1]
-    nx = nbr256[rows, part]
+    key = (np.arange(n, dtype=np.int32) * 256)[:, None] + part  # (row, LFT entry), int32 throughout
+    nx = nbr256.ravel()[key]
     nx[:, ~lid_ok[lid0:lid1]] = -1
-    cols = np.arange(bl, dtype=np.int64)[None, :]
-    flat_next = np.where(nx >= 0, nx * bl + cols, -1).ravel()
-    c_in = chan_id[rows, part].ravel()
-    has = flat_next >= 0
-    out_next = np.full(flat_next.size, 255, np.int64)
-    out_next[has] = part.ravel()[flat_next[has]]
-    turn = np.full(flat_next.size, -1, np.int64)
-    nxt_row = flat_next // bl
-    chan_out = np.full(flat_next.size, -1, np.int64)
-    chan_out[has] = chan_id[nxt_row[has], out_next[has]]
-    t = has & (chan_out >= 0)
-    turn[t] = c_in[t] * n_ports + out_next[t]
+    has = nx >= 0
+    flat_next = np.where(has, nx * np.int32(bl) + np.arange(bl, dtype=np.int32)[None, :], np.int32(-1)).ravel()
+    at = np.flatnonzero(has.ravel())
+    nxt = flat_next[at]
+    out_next = part.ravel()[nxt]
+    chan_out = chan[(nxt // bl) * 256 + out_next]
+    t = chan_out >= 0
+    at = at[t]
+    turn = np.full(flat_next.size, -1, np.int32)
+    turn[at] = chan[key.ravel()[at]] * np.int32(n_ports) + out_next[t]
     return flat_next, turn
 
 
@@ -369,7 +445,11 @@ def _blocks(
             levels.append(pending[done])
             pending = pending[~done]
         yield _Paths(
-            lid0, lid1, flat_next.astype(np.int32), turn.astype(np.int32), [lv.astype(np.int32) for lv in levels]
+            lid0,
+            lid1,
+            flat_next.astype(np.int32, copy=False),
+            turn.astype(np.int32, copy=False),
+            [lv.astype(np.int32) for lv in levels],
         )
 
 
@@ -817,6 +897,104 @@ def _by_cuts(r: _Routes, max_layers: int, budget_rounds: int, work: int) -> npt.
     return pl
 
 
+FIRST_FIT_PATHS = 1 << 14
+"""Layering by first fit (:func:`_first_fit`) is tried when the listed paths, once identical turn
+sequences are merged, are at most this many (each costs a few numpy calls in a Python loop, about
+0.1 ms: 16,384 paths take 1 to 2 s) and the listed paths before merging at most 16 times as many."""
+
+FIRST_FIT_WORK = 1 << 27
+"""Budget of layering by first fit, in bytes of reachability rows OR-ed in plus a fixed charge per path
+tried in a layer: past it the first fit is given up. Deterministic, like :data:`CUT_WORK`."""
+
+_FIRST_FIT_PATH_COST = 4096
+"""What one try of a path in a layer counts against :data:`FIRST_FIT_WORK`."""
+
+
+def _closes_cycle(sub: npt.NDArray[np.bool_]) -> bool:
+    """Whether the small graph of adjacency ``sub`` has a cycle (its transitive closure has a loop)."""
+    c = sub.astype(np.int32)
+    for _ in range(max(1, int(sub.shape[0]).bit_length())):
+        c = np.minimum(c + c @ c, 1)
+    return bool(np.diagonal(c).any())
+
+
+def _first_fit(r: _Routes, max_layers: int, work: int) -> npt.NDArray[np.uint8] | None:
+    """Layers by first fit, LASH's way: each path, longest first, goes to the lowest layer it keeps acyclic.
+
+    Paths with the same core turns are one path here. Each layer keeps the transitive closure of its
+    core channels' dependency graph as packed bit rows, so a path's test is a look at the closure among
+    the channels of its turns (a cycle through new turns runs between them on old paths), and adding it
+    ORs the rows of the channels reaching each new turn's entry. ``None`` past ``max_layers`` layers or
+    ``work`` (see :data:`FIRST_FIT_WORK`).
+    """
+    none = r.c1.size
+    if r.size == 0:
+        return np.zeros(0, np.uint8)
+    if r.size > 16 * FIRST_FIT_PATHS:
+        return None
+    st = np.stack(r.steps, axis=1) if r.steps else np.full((r.size, 1), none, np.int32)
+    uniq, inv = np.unique(st, axis=0, return_inverse=True)
+    if uniq.shape[0] > FIRST_FIT_PATHS:
+        return None
+    inv = inv.reshape(-1)
+    length = (uniq < none).sum(axis=1)
+    # Longest first, then by source row and LID (as listed in one block: independent of the blocks).
+    key = r.row.astype(np.int64) * (int(r.col.max(initial=0)) + 1) + r.col
+    first = np.full(uniq.shape[0], np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, inv, key)
+    order = np.lexsort((first, -length))
+    used = np.unique(uniq[uniq < none])
+    chans = np.unique(np.concatenate([r.c1[used], r.c2[used]]))
+    dense = np.full(r.n_ch, -1, np.int64)
+    dense[chans] = np.arange(chans.size)
+    m = int(chans.size)
+    row_bytes = (m + 7) // 8
+    c1d = dense[r.c1[used]]
+    c2d = dense[np.maximum(r.c2[used], 0)]
+    code_pos = np.full(none, -1, np.int64)
+    code_pos[used] = np.arange(used.size)
+    bit = (np.uint8(1) << (7 - (np.arange(m) & 7)).astype(np.uint8)).astype(np.uint8)
+    byte = np.arange(m) >> 3
+    reach: list[npt.NDArray[np.uint8]] = []
+    have: list[npt.NDArray[np.bool_]] = []
+    out = np.zeros(uniq.shape[0], np.uint8)
+    spent = 0
+    for u in order.tolist():
+        row = uniq[u]
+        pos = code_pos[row[row < none]]
+        a, b = c1d[pos], c2d[pos]
+        nodes = np.unique(np.concatenate([a, b]))
+        ia, ib = np.searchsorted(nodes, a), np.searchsorted(nodes, b)
+        k = 0
+        while True:
+            if k == len(reach):
+                if k >= max_layers:
+                    return None
+                reach.append(np.zeros((m, row_bytes), np.uint8))
+                have.append(np.zeros(used.size, np.bool_))
+            spent += _FIRST_FIT_PATH_COST
+            if have[k][pos].all():
+                break
+            rk = reach[k]
+            sub = (rk[nodes[:, None], byte[nodes][None, :]] & bit[nodes][None, :]) > 0
+            sub[ia, ib] = True
+            if not _closes_cycle(sub):
+                for x, y in zip(a.tolist(), b.tolist(), strict=True):
+                    src = np.flatnonzero(rk[:, byte[x]] & bit[x])
+                    src = np.append(src, x)
+                    add = rk[y].copy()
+                    add[byte[y]] |= bit[y]
+                    rk[src] |= add
+                    spent += src.size * row_bytes
+                have[k][pos] = True
+                break
+            k += 1
+        if spent > work:
+            return None
+        out[u] = k
+    return out[inv]
+
+
 def assign_layers(
     fabric: Fabric,
     lids: LidMap,
@@ -877,7 +1055,7 @@ def assign_layers(
             nxt[flat_next[front]] = True
             front = np.flatnonzero(nxt[:-1] & ~seen)
         used_code[turn[seen]] = True
-        turns.append((flat_next.astype(np.int32), turn.astype(np.int32), seen))
+        turns.append((flat_next, turn, seen))
     used = np.flatnonzero(used_code[:n_codes])
     core = _peel_fixpoint(n_ch, c1_all[used], c2_all[used])
     if not core.any():
@@ -888,8 +1066,10 @@ def assign_layers(
     for lid0, (_, turn, seen) in zip(range(0, n_lid, b), turns, strict=True):
         rel[lid0 : lid0 + b] = (in_core_x[turn] & seen).reshape(n, -1).any(axis=0)
     cols = np.flatnonzero(rel)
-    # Block by block (each dropped once walked): every LID's turns are known already.
-    if cols.size == n_lid:
+    # Block by block (each dropped once walked): every LID's turns are known already. When most LIDs
+    # matter, all are walked (the others list no path) rather than their turns computed again.
+    if 2 * cols.size >= n_lid:
+        cols = np.arange(n_lid)
         blocks = _blocks(g, lft, lid_ok, chan_id, _drain(turns))
     else:
         turns.clear()
@@ -897,8 +1077,20 @@ def assign_layers(
     hi, lo = np.maximum(ch_row, ch_peer), np.minimum(ch_row, ch_peer)
     r = _routes(blocks, source, in_core, c1_all, c2_all, n_ch, hi * n + lo)
     pl = _by_order(r, max_layers)
+    # First fit, when the paths are few: often fewer layers than the orders (2 on a 4x4 torus routed in
+    # dimension order, where the orders take 3). Measured never worse than the cuts, so the cuts run
+    # only when the first fit does not (too many paths, past its budget or past max_layers).
+    fit: npt.NDArray[np.uint8] | None = None
+    if pl is None or int(pl.max(initial=0)) > 1:
+        fit = _first_fit(r, max_layers, FIRST_FIT_WORK)
+        if fit is not None and (pl is None or int(fit.max(initial=0)) < int(pl.max(initial=0))):
+            pl = fit
     # Cuts recount the layer's paths after every round: tried only if a few dozen recounts fit.
-    if (pl is None or int(pl.max(initial=0)) > 1) and r.size * len(r.steps) * CUT_MIN_PASSES <= CUT_WORK:
+    if (
+        fit is None
+        and (pl is None or int(pl.max(initial=0)) > 1)
+        and r.size * len(r.steps) * CUT_MIN_PASSES <= CUT_WORK
+    ):
         cells = n * np.unique(r.col).size
         r.work = 0
         cut = _by_cuts(r, max_layers, max(2, RECOUNT_CELLS // max(cells, 1)), CUT_WORK)
@@ -908,6 +1100,41 @@ def assign_layers(
         raise _too_many(engine, max_layers)
     layer[r.row, cols[r.col]] = pl
     return layer
+
+
+CANDIDATE_HOSTS = 4096
+"""Up to this many CA ports with a LID, the engine also tries :func:`lowest_port_lft` beside
+:func:`balanced_lft` and keeps the better of the two by :func:`pattern_balance` (fewer layers on a
+tie); above it, the balanced routes alone (the patterns cost ``O(hosts^2)``), the lowest-port ones
+only when the balanced cannot be layered on ``max_layers``."""
+
+BALANCE_SHIFTS = 256
+"""Shift permutations :func:`pattern_balance` evaluates (all of them up to this many + 1 hosts, else a
+sample drawn with a fixed seed)."""
+
+BALANCE_PERMUTATIONS = 32
+"""Random permutations :func:`pattern_balance` evaluates (fixed seeds)."""
+
+
+def pattern_balance(fabric: Fabric, lids: LidMap, lft: Lft) -> tuple[int, float]:
+    """Worst and mean worst link load of the routes over shift and random permutations of the hosts.
+
+    Each pattern's most loaded directed link (leaving a switch) is taken; the result is the worst of
+    those and their mean over :data:`BALANCE_SHIFTS` shifts and :data:`BALANCE_PERMUTATIONS` random
+    permutations (seeds from 1,000 on).
+    """
+    n = int(hosts(fabric, lids).shape[0])
+    if n < 2:
+        return 0, 0.0
+    q = shift_quality(fabric, lids, lft, max_shifts=BALANCE_SHIFTS if n - 1 > BALANCE_SHIFTS else None, seed=1)
+    sw = fabric.switches
+    perms = [
+        int(link_loads(fabric, lids, lft, random_permutation(fabric, lids, 1000 + s).pairs())[sw].max())
+        for s in range(BALANCE_PERMUTATIONS)
+    ]
+    worst = max(q.max_load, *perms)
+    mean = (q.mean_max_load * q.shifts + sum(perms)) / (q.shifts + len(perms))
+    return worst, float(mean)
 
 
 def layers_used(layers: Layers | None) -> int:
@@ -928,6 +1155,43 @@ class LayeredEngine:
 
     def compute(self, fabric: Fabric, lids: LidMap) -> Routes:
         g = switch_graph(fabric)
+        max_layers = self.options.max_layers
         lft = balanced_lft(fabric, lids, g)
-        layers = assign_layers(fabric, lids, lft, self.options.max_layers, from_cas=True, engine=self.name)
+        if _ca_lids(fabric, lids) > CANDIDATE_HOSTS:
+            # Large: the balanced routes; the lowest-port ones only if those cannot be layered.
+            try:
+                layers = assign_layers(fabric, lids, lft, max_layers, from_cas=True, engine=self.name)
+            except LayeringError as e:
+                low = lowest_port_lft(fabric, lids, g)
+                if np.array_equal(low, lft):
+                    raise
+                try:
+                    layers = assign_layers(fabric, lids, low, max_layers, from_cas=True, engine=self.name)
+                except LayeringError:
+                    raise e from None
+                lft = low
+            return Routes(lft, layers if layers.any() else None)
+        cands = [lft]
+        low = lowest_port_lft(fabric, lids, g)
+        if not np.array_equal(low, lft):
+            cands.append(low)
+        best: tuple[tuple[int, int, float, int], Lft, Layers] | None = None
+        error: LayeringError | None = None
+        for cand in cands:
+            try:
+                layers = assign_layers(fabric, lids, cand, max_layers, from_cas=True, engine=self.name)
+            except LayeringError as e:
+                error = error or e
+                continue
+            if len(cands) == 1:
+                return Routes(cand, layers if layers.any() else None)
+            worst, mean = pattern_balance(fabric, lids, cand)
+            deps = channel_dependency_graph(fabric, lids, cand, from_cas=True).n_dependencies
+            key = (worst, layers_used(layers), mean, deps)
+            if best is None or key < best[0]:
+                best = (key, cand, layers)
+        if best is None:
+            assert error is not None
+            raise error
+        _, lft, layers = best
         return Routes(lft, layers if layers.any() else None)
