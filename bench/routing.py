@@ -28,10 +28,11 @@ Then the 3-level k=48 fat-tree (27,648 hosts) with ftree alone: route time.
 dragonfly, a random regular graph, a degraded 3-level tree): per engine the routing time (ibfm:
 in-process compute; OpenSM: its log from MASTER to "tables configured"), the VLs the routes use,
 the worst shift and random-permutation link load, and whether the per-VL channel dependency graph
-is free of cycles. OpenSM's LFTs are read back with ``ibroute``; its VLs are what its log says
-it needs (see :func:`run_opensm`); the layered engine's come from its own layers. Then the
-layered engine's compute time on the 11,664-host degraded 3-level k=36 tree and an 11,664-host
-dragonfly (``--big``).
+is free of cycles. OpenSM's LFTs are read back with ``ibroute`` and judged on the generated
+fabric, by GUID (:func:`onto`), so every engine meets the same host order in the patterns; its
+VLs are what its log says it needs (see :func:`run_opensm`); the layered engine's come from its
+own layers. Then the layered engine's compute time on the 11,664-host degraded 3-level k=36 tree
+and an 11,664-host dragonfly, and its two steps (routes, layers) timed apart (``--big``).
 
     .venv/bin/python bench/routing.py [--quick] [--shifts 512]
     .venv/bin/python bench/routing.py --deadlock [--big]
@@ -59,7 +60,17 @@ from fabric.model import Fabric
 from sm.analysis.creditflow import channel_dependency_graph, find_credit_loops
 from sm.analysis.verify import shift_quality, verify_routes
 from sm.lidmap import LidMap, sequential_lids
-from sm.routing.base import Layers, Lft, RoutingError, RoutingResult, engine_names, make_engine, route
+from sm.routing.base import (
+    Layers,
+    Lft,
+    RoutingError,
+    RoutingOptions,
+    RoutingResult,
+    engine_names,
+    make_engine,
+    route,
+)
+from sm.routing.layered import assign_layers, balanced_lft
 
 MAX_LOOPS = 100
 
@@ -134,6 +145,19 @@ def pattern_loads(f: Fabric, lids: LidMap, lft: Lft, perms: int = 16) -> tuple[i
     return q.max_load, worst
 
 
+def onto(f: Fabric, rf: Fabric, rlids: LidMap, rlft: Lft) -> tuple[LidMap, Lft]:
+    """Routes read back (fabric ``rf`` as ``ibnetdiscover`` saw it) on the generated fabric ``f``: the
+    same LIDs and LFTs, nodes matched by GUID, so every engine is judged with the same host order
+    (``ibnetdiscover`` lists nodes in discovery order, which changes which hosts a shift pairs)."""
+    base = np.zeros(f.port_exists.shape, np.uint16)
+    width = min(base.shape[1], rlids.base.shape[1])
+    node = np.array([f.by_guid(int(g)) for g in rf.node_guid.tolist()], np.int64)
+    base[node, :width] = rlids.base[:, :width]
+    row_of = {int(rf.node_guid[s]): i for i, s in enumerate(rf.switches.tolist())}
+    rows = np.array([row_of[int(f.node_guid[s])] for s in f.switches.tolist()], np.int64)
+    return LidMap.from_base(base), np.ascontiguousarray(rlft[rows])
+
+
 def run_opensm(engine: str, f: Fabric, work: Path, host: str, tool_host: str) -> tuple[str, ...]:
     """``opensm --once -R engine -Q`` on ibsim; LFTs read back, VLs from its log; one table row.
 
@@ -170,7 +194,7 @@ def run_opensm(engine: str, f: Fabric, work: Path, host: str, tool_host: str) ->
     m = re.findall(r"Virtual Lanes needed: (\d+)", text)
     layers = {int(x) for x in re.findall(r"Lanes in layer (\d+)", text)}
     vls = m[-1] if m else (str(max(layers) + 1) if layers else "?")
-    shift_max, perm_max = pattern_loads(rb.fabric, rb.lids, rb.lft)
+    shift_max, perm_max = pattern_loads(f, *onto(f, rb.fabric, rb.lids, rb.lft))
     one_vl = find_credit_loops(rb.fabric, rb.lids, rb.lft, from_cas=True, max_loops=1)
     free = "yes (claimed)" + ("" if one_vl else ", 1 VL too")
     route_s = res.phases.get("route")
@@ -223,6 +247,7 @@ def deadlock_table(big: bool) -> None:
     print("deadlock-free: no cycle in the per-(link, VL) channel dependency graph of the routes from CAs;")
     print("OpenSM's is its claim (SLs not read back), '1 VL too': its LFTs have no loop even on one VL.")
     print("OpenSM's route s: its log, MASTER to 'tables configured'; ibfm's: the engine's compute in-process.")
+    print("All loads on the generated fabric's host order (OpenSM's LFTs and LIDs mapped onto it by GUID).")
     if big:
         for label, build in (
             ("3L k=36 -1% links (11,664 hosts)", lambda: degrade(fattree(3, 36), fraction=0.01, seed=1)),
@@ -234,7 +259,17 @@ def deadlock_table(big: bool) -> None:
                 res, dt, _ = measure(lambda f=f, lids=lids: route(f, lids, ["layered"]), memory=False)
                 assert isinstance(res, RoutingResult)
                 vls = 1 if res.layers is None else int(res.layers.max()) + 1
-                print(f"{label}: layered routes in {dt:.2f} s on {vls} VLs", flush=True)
+                # The two steps apart (a second run): balanced routes, then their layers.
+                t0 = time.perf_counter()
+                lft = balanced_lft(f, lids)
+                t1 = time.perf_counter()
+                assign_layers(f, lids, lft, RoutingOptions().max_layers)
+                t2 = time.perf_counter()
+                print(
+                    f"{label}: layered routes in {dt:.2f} s on {vls} VLs "
+                    f"(again: balanced_lft {t1 - t0:.2f} s + assign_layers {t2 - t1:.2f} s)",
+                    flush=True,
+                )
             except RoutingError as e:
                 print(f"{label}: layered refused: {e}", flush=True)
 
