@@ -179,6 +179,42 @@ async def test_daemon_loop_reacts_to_a_trap_and_stops_cleanly() -> None:
     assert rig.of(SweepDone)
 
 
+async def test_a_trap_during_a_multicast_pass_is_not_lost() -> None:
+    """A sweep asked for while a multicast-only pass runs (it clears the wake-up) still runs at once, not at
+    the next timer: the race a trap arriving right after bring-up (IPoIB's group being programmed) hit."""
+    f = fattree(2, 4)
+    rig = Rig(f, sweep_interval=30.0)
+    first = await rig.mgr.sweep()
+    assert first is not None
+    n, p = inter_switch_links(f)[1]
+    real_pass = rig.mgr.multicast_pass
+
+    async def pass_with_a_trap() -> None:
+        rig.emu.link_down(n, p)  # its switches' traps reach the trap watcher, which asks for a sweep ...
+        await asyncio.sleep(0.2)
+        assert rig.mgr._reasons == {"trap"}
+        await real_pass()  # ... before this pass takes the sweeper's lock
+
+    rig.mgr.multicast_pass = pass_with_a_trap  # type: ignore[method-assign]
+    done = len(rig.of(SweepDone))
+    stop = asyncio.Event()
+    task = asyncio.create_task(rig.mgr.run(stop))
+    for _ in range(300):
+        await asyncio.sleep(0.01)
+        if len(rig.of(SweepDone)) > done:  # the loop's start sweep: it now waits for its timer or a wake-up
+            break
+    rig.mgr._mcast_dirty = True  # a join, as the SA's group change callback marks it
+    rig.mgr._wake.set()
+    assert len(rig.of(SweepDone)) == done + 1 and not rig.of(LinkDown)
+    for _ in range(300):  # 3 s; the timer would take 30
+        await asyncio.sleep(0.01)
+        if rig.of(LinkDown):
+            break
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert rig.of(LinkDown), "the sweep asked for during the multicast pass did not run"
+
+
 @pytest.mark.slow
 async def test_storm_of_link_events_on_a_3_level_tree() -> None:
     f = fattree(3, 6)

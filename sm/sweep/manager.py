@@ -615,6 +615,8 @@ class FabricManager:
                     log.exception("sweep failed")
                     self._force_heavy = True
                     self.events.emit(SweepFailed(stage="unexpected", reason=f"{type(e).__name__}: {e}"))
+                if self._reasons:  # asked for during a multicast pass (which clears the wake-up): sweep now
+                    continue
                 waiter = asyncio.create_task(self._wake.wait())
                 stopper = asyncio.create_task(stop.wait())
                 wait = self.config.sweep_interval
