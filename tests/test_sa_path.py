@@ -321,3 +321,179 @@ def test_lmc_port_pairs() -> None:
             await sm.close()
 
     run(go())
+
+
+def _sweep(f: Fabric, **cfg: Any) -> Any:
+    from fabric.emulator import EmulatedFabric
+    from sm.sweep.manager import FabricManager, SmConfig
+    from sm.transport.emulated import EmulatedTransport
+
+    async def go() -> Any:
+        sm = EmulatedTransport(EmulatedFabric(f), issm=True)
+        try:
+            return await FabricManager(sm, SmConfig(offload=False, check_credit_loops=False, **cfg)).heavy_sweep()
+        finally:
+            await sm.close()
+
+    return run(go())
+
+
+def _fast_path_snapshots() -> list[tuple[str, Any]]:
+    """Snapshots that take every branch of the Get fast path: partitions that restrict (a limited member,
+    two tenants), QoS levels, route layers, LMC 1, a link down."""
+    import dataclasses
+
+    from fabric.generate import degrade
+    from sm.partitions.config import parse_partitions
+    from sm.qos.config import QosConfig, parse_qos_policy
+
+    f = fattree(2, 4)
+    cas = [int(n) for n in f.cas]
+    g = [f"{int(f.port_guid[n, 1]):#018x}" for n in cas]
+    parts = parse_partitions(
+        "Default=0x7fff : ALL=limited, SELF=full ;\n"
+        f"A=0x8001, sl=5 : {', '.join(x + '=full' for x in g[:4])}, {g[4]} ;\n"
+        f"B=0x0002 : {', '.join(x + '=full' for x in g[5:8])} ;\n",
+        "p.conf",
+    )
+    policy = parse_qos_policy(
+        "port-groups\n port-group\n  name: S\n  port-guid: " + g[6] + "\n end-port-group\n"
+        " port-group\n  name: C\n  node-type: CA\n end-port-group\nend-port-groups\n"
+        "qos-levels\n qos-level\n  name: L\n  sl: 3\n end-qos-level\nend-qos-levels\n"
+        "qos-match-rules\n qos-match-rule\n  source: C\n  destination: S\n  qos-level-name: L\n"
+        " end-qos-match-rule\nend-qos-match-rules\n",
+        "q.conf",
+    )
+    plain = _sweep(f)
+    tenants = _sweep(f, partitions=parts, qos=QosConfig(True, policy=policy))
+    rng = np.random.default_rng(3)
+    layered = dataclasses.replace(plain, layers=rng.integers(0, 4, plain.lft.shape).astype(np.uint8))
+    return [
+        ("plain", plain),
+        ("partitions and QoS", tenants),
+        ("layers", layered),
+        ("layers, partitions and QoS", dataclasses.replace(tenants, layers=layered.layers)),
+        ("LMC 1", _sweep(f, lmc=1)),
+        ("a link down", _sweep(degrade(f, fraction=0.1, seed=1))),
+        ("no partition plan", dataclasses.replace(plain, partitions=None, qos=None)),
+    ]
+
+
+def test_get_fast_path_answers_as_the_general_path() -> None:
+    """SaServer.take_inline (PathRecordFamily.get1 where it applies) and SaServer.take give the same
+    bytes and the same counts for every kind of PathRecord Get, from askers in and out of partitions."""
+    comps = ["SGID", "DGID", "SLID", "DLID", "P_Key", "Reversible", "NumbPath", "TClass", "SL", "MTUSelector",
+             "MTU", "ServiceID", "RawTraffic"]  # fmt: skip
+    for label, snap in _fast_path_snapshots():
+        f = snap.fabric
+        lids = snap.lids
+        ends = [(int(n), int(p)) for n, p in np.argwhere(lids.base > 0).tolist()]
+        tenant = [(int(n), 1) for n in f.cas[:5]]  # partition A of the tenants' snapshot
+        rng = np.random.default_rng(7)
+        general, fast = _Capture(), _Capture()
+        s_gen = SaServer(general, all_families(), lambda snap=snap: snap)  # type: ignore[arg-type]
+        s_fast = SaServer(fast, all_families(), lambda snap=snap: snap)  # type: ignore[arg-type]
+        family = s_fast.families[A]
+        warmup = sa_mad(SaMethod.GET, A, tid=1, component_mask=mask("SLID", "DLID"), data=pr(slid=1, dlid=1))
+        for s in (s_gen, s_fast):
+            s.take(warmup, MadAddress(lid=1, qpn=1, qkey=0x80010000))
+        hits = 0
+        for i in range(1500):
+            among = tenant if rng.random() < 0.5 else ends
+            (sn, sp), (dn, dp), (an, ap) = (among[int(k)] for k in rng.integers(0, len(among), 3))
+            slid = int(lids.base[sn, sp]) + int(rng.integers(0, 2))  # past the LMC range now and then
+            dlid = int(lids.base[dn, dp]) + int(rng.integers(0, 2))
+            if rng.random() < 0.05:
+                dlid = int(rng.integers(0, 0xFFFF))
+            sguid = int(f.port_guid[sn, sp]) if rng.random() < 0.95 else int(f.port_guid[dn, dp])
+            dguid = int(f.port_guid[dn, dp])
+            pick = [c for c in comps if rng.random() < (0.45 if c in ("SGID", "DGID", "SLID", "DLID") else 0.08)]
+            data = bytearray(pr(slid=slid, dlid=dlid, sguid=sguid, dguid=dguid, numb=int(rng.integers(0, 256)),
+                                mtu=int(rng.integers(0, 256))))  # fmt: skip
+            data[50:52] = int(rng.choice([0xFFFF, 0x7FFF, 0x8001, 0x0001, 0x0002, 0x8002])).to_bytes(2, "big")
+            data[53] = int(rng.integers(0, 16))
+            if rng.random() < 0.1:
+                data[8:16] = (0xFF02 << 48).to_bytes(8, "big")  # a multicast DGID
+            elif rng.random() < 0.1:
+                data[24:32] = (0x1234 << 48).to_bytes(8, "big")  # a foreign subnet
+            raw = sa_mad(SaMethod.GET, A, tid=i, component_mask=mask(*pick), data=bytes(data))
+            asker = MadAddress(lid=int(lids.base[an, ap]) if rng.random() < 0.95 else 0x3FF0, qpn=1, qkey=0x80010000)
+            rec = family.get1(s_fast._cached[1], snap, raw, asker.lid)  # type: ignore[attr-defined]
+            s_gen.take(raw, asker)
+            assert s_fast.take_inline(raw, asker)
+            assert fast.out[-1] == general.out[-1], (label, i, pick)
+            if rec is not None:
+                hits += 1
+                assert general.out[-1][4:6] == b"\0\0" and general.out[-1][56:] == rec, (label, i, pick)
+        assert hits > 100, (label, hits)
+        assert s_fast.stats.as_dict() == s_gen.stats.as_dict()
+        assert s_fast.stats.by_attr == s_gen.stats.by_attr
+
+
+def test_entry_rows_of_the_fast_path_are_entry_row() -> None:
+    from sm.sa.path_record import _base, entry_row
+
+    for _, snap in _fast_path_snapshots():
+        b = _base(snap)
+        want = [entry_row(snap, (n, p)) for n, p in zip(b.ep_node.tolist(), b.ep_port.tolist(), strict=True)]
+        assert b.entry1 == [-1 if w is None else w for w in want]
+
+
+def test_get_table_by_partition_class_answers_as_per_pair(monkeypatch: Any) -> None:
+    """GetTables over a partition plan without QoS take each pair's P_Key by partition table class; the
+    per-pair hooks (forced by wrapping them) give the same records."""
+    import dataclasses
+
+    import sm.sa.path_record as prm
+
+    snaps = dict(_fast_path_snapshots())
+    tenants = dataclasses.replace(snaps["partitions and QoS"], qos=None)
+    cases = [snaps["plain"], tenants, dataclasses.replace(tenants, layers=snaps["layers"].layers), snaps["LMC 1"]]
+    rng = np.random.default_rng(11)
+    orig = prm.pair_pkey
+    for snap in cases:
+        f = snap.fabric
+        lids = ca_lids(snap)
+        queries = []
+        for _ in range(12):
+            s, d = (int(x) for x in rng.choice(lids, 2))
+            sn = int(f.cas[lids.index(s)])
+            asker = int(rng.choice(lids))
+            for names, data in (
+                (("SLID",), pr(slid=s)),
+                (("DLID",), pr(dlid=d)),
+                (("SGID", "P_Key"), bytearray(pr(sguid=int(f.port_guid[sn, 1])))),
+                (("SLID", "SL", "NumbPath"), bytearray(pr(slid=s, numb=2))),
+            ):
+                data = bytearray(data)
+                data[50:52] = int(rng.choice([0xFFFF, 0x8001, 0x0002])).to_bytes(2, "big")
+                data[53] = int(rng.integers(0, 2))
+                queries.append((mask(*names), bytes(data), asker))
+
+        def answers(snap: Any = snap, queries: list[tuple[int, bytes, int]] = queries) -> list[bytes]:
+            cap = _Capture()
+            server = SaServer(cap, all_families(), lambda: snap)  # type: ignore[arg-type]
+            for i, (cm, data, asker) in enumerate(queries):
+                server.take(sa_mad(SaMethod.GET_TABLE, A, tid=i, component_mask=cm, data=data),
+                            MadAddress(lid=asker, qpn=1, qkey=0x80010000))  # fmt: skip
+            return cap.out
+
+        fast = answers()
+        monkeypatch.setattr(prm, "pair_pkey", lambda *a, **k: orig(*a, **k))
+        assert answers() == fast
+        monkeypatch.setattr(prm, "pair_pkey", orig)
+        assert sum(len(x) > 56 for x in fast) > len(fast) // 3
+
+
+def test_columns_traced_at_once_are_those_traced_one_by_one() -> None:
+    from sm.sa.path_record import _base, _column, _trace_all
+
+    for label, snap in _fast_path_snapshots():
+        eager = _base(snap)
+        _trace_all(eager)
+        lazy = _base(snap)
+        assert eager.cols and set(eager.cols) == set(np.flatnonzero(eager.ep_of_lid >= 0).tolist()), label
+        for lid, (m, r) in eager.cols.items():
+            m1, r1 = _column(lazy, lid)
+            assert m.tolist() == m1.tolist() == eager.cols1[lid][0], (label, lid)
+            assert r.tolist() == r1.tolist() == eager.cols1[lid][1], (label, lid)

@@ -29,11 +29,18 @@ Semantics as OpenSM's ``osm_sa_path_record.c`` (3.3):
 Everything is arrays: per snapshot (``ctx.cache``) the per-port MTU and rate rank, and, filled
 as queries come, the path minimum from every switch to one destination LID (a column, what a
 Get needs) or from one switch to every LID (a row, what a GetTable from one source needs), each
-traced hop by hop through the LFT for all its cells at once.
+traced hop by hop through the LFT for all its cells at once. On a subnet small enough every
+column is traced with the snapshot's arrays, in one pass.
+
+A Get between two named ports (the usual one: no selector, SL or ServiceID) has a scalar path of
+its own, :meth:`PathRecordFamily.get1`, which the SA's receive thread takes without building the
+request objects; the partition keys it needs are cached by the ports' P_Key tables. It answers
+exactly what ``query`` does, and leaves it everything else.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -86,6 +93,9 @@ _LANE_GBPS = {1: 2.5, 2: 5.0, 3: 10.0, 4: 10.0, 5: 14.0, 6: 25.0, 7: 50.0, 8: 10
 _LANES = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
 NO_HOP = 255
 """In the traced tables: no link crossed (the destination is the switch itself)."""
+_EAGER_CELLS = 1 << 18
+"""Largest switches x end port LIDs traced at once when a snapshot's path arrays are built (beyond,
+each destination's column is traced on its first use)."""
 
 
 def rate_code(width: int, speed: int) -> int:
@@ -113,7 +123,11 @@ def pair_pkey(ctx: SaContext, src: tuple[int, int], dst: tuple[int, int], reques
         if requested is None:
             return DEFAULT_PKEY
         return requested if requested & 0x7FFF == 0x7FFF else None
-    shared = plan.shared(src, dst)
+    return _pick_pkey(plan.shared(src, dst), requested)
+
+
+def _pick_pkey(shared: tuple[int, ...], requested: int | None) -> int | None:
+    """:func:`pair_pkey` from the keys two ports share (``PartitionPlan.shared``)."""
     if requested is None:
         return shared[0] if shared else None
     base = requested & 0x7FFF
@@ -222,6 +236,23 @@ class _Base:
     """Per end port, as Python ints for a Get's scalar work: (first switch row, link MTU, link rate
     rank, is a switch, peer's switch row (-1: a CA) or -2 (no peer), node, port, base LID)."""
     ep_of_lid1: list[int]
+    entry1: list[int]
+    """Per end port: :func:`entry_row` (-1 for None), the LFT row a route's layer is read at."""
+    pk_class: list[int]
+    """Per end port: its partition table's class (ports holding the same P_Key table share one); empty
+    without a partition plan."""
+    pk_port: list[tuple[int, int]]
+    """Per class: one end port holding that table (what ``PartitionPlan.shared`` is asked about)."""
+    plan: Any
+    """The snapshot's partition plan (None: none)."""
+    layers: npt.NDArray[np.uint8] | None
+    """The snapshot's route layers (None: every route on SL 0)."""
+    levels: Any
+    """The snapshot's QoS plan when QoS is on (its ``level_sl``), else None (QoS gives no SL)."""
+    pk_shared: dict[tuple[int, int, int, int | None], int | None] = field(default_factory=dict)
+    """:func:`_pkey1` by (asker, source, destination) class and P_Key asked, filled as Gets come."""
+    pk_pairs: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    """:func:`_shared2` by (source, destination) class, filled as GetTables come."""
     cols1: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
     """:func:`_column` as lists (a Get reads one cell of each)."""
     cols: dict[int, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = field(default_factory=dict)
@@ -290,6 +321,23 @@ def _base(snap: Any) -> _Base:
     for k in range(1 << lids.lmc):
         ep_of_lid[ep_base + k] = np.arange(ep_node.size)
     peer_row = np.where(ep_up, row_of[ep_peer // P], -2)
+    # entry_row of every end port at once: a switch's own row, else the row of the switch its cable
+    # leads to (up or not, as entry_row reads the model), -1 when that is no switch
+    pn = f.peer_node[ep_node, ep_port].astype(np.intp)
+    to_sw = (pn >= 0) & (f.node_type[np.maximum(pn, 0)] == NodeType.SWITCH)
+    entry = np.where(is_sw, row_of[ep_node], np.where(to_sw, row_of[np.maximum(pn, 0)], -1))
+    pk_class: list[int] = []
+    pk_port: list[tuple[int, int]] = []
+    plan = getattr(snap, "partitions", None)
+    if plan is not None:
+        seen: dict[tuple[int, ...], int] = {}
+        for port in zip(ep_node.tolist(), ep_port.tolist(), strict=True):
+            table = tuple(plan.tables.get(port, ()))
+            c = seen.get(table)
+            if c is None:
+                c = seen[table] = len(pk_port)
+                pk_port.append(port)
+            pk_class.append(c)
     ep1 = list(
         zip(
             first.tolist(), link_mtu_ep.tolist(), link_rank_ep.tolist(), is_sw.tolist(), peer_row.tolist(),
@@ -329,6 +377,12 @@ def _base(snap: Any) -> _Base:
         prefix=prefix,
         ep1=ep1,
         ep_of_lid1=ep_of_lid.tolist(),
+        entry1=entry.tolist(),
+        pk_class=pk_class,
+        pk_port=pk_port,
+        plan=plan,
+        layers=getattr(snap, "layers", None),
+        levels=qos if (qos := getattr(snap, "qos", None)) is not None and qos.enabled else None,
     )
 
 
@@ -456,6 +510,20 @@ def _column(b: _Base, lid: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.u
     return col
 
 
+def _trace_all(b: _Base) -> None:
+    """Every end port LID's column (:func:`_column`) at once, when the subnet is small enough: a Get then
+    never traces (a column traced on a Get's first use of its LID costs as much as a thousand Gets)."""
+    n_sw = int(b.sw.size)
+    lids = np.flatnonzero(b.ep_of_lid >= 0).astype(np.intp)
+    if not n_sw or n_sw * lids.size > _EAGER_CELLS:
+        return
+    m, r = trace(b, np.tile(np.arange(n_sw, dtype=np.intp), lids.size), np.repeat(lids, n_sw))
+    m2, r2 = m.reshape(lids.size, n_sw), r.reshape(lids.size, n_sw)
+    for lid, mc, rc, ml, rl in zip(lids.tolist(), m2, r2, m2.tolist(), r2.tolist(), strict=True):
+        b.cols[lid] = (mc, rc)
+        b.cols1[lid] = (ml, rl)
+
+
 def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
     """:func:`path_values` for one end port and LID, with Python scalars (a Get's cost)."""
     first, lm, lr, is_sw, peer_row, _, _, _ = b.ep1[src]
@@ -469,13 +537,29 @@ def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
     if col is None:
         m_col, r_col = _column(b, dlid)
         col = b.cols1[dlid] = (m_col.tolist(), r_col.tolist())
-    m = min(lm, col[0][first])
-    r = min(lr, col[1][first])
+    m = col[0][first]
+    r = col[1][first]
+    if lm < m:  # (no min(): a builtin that parses keywords on every call)
+        m = lm
+    if lr < r:
+        r = lr
     return (m, r) if m and r else (0, 0)
 
 
 _UNKNOWN = (-1, -1)
 """A requester that is no end port of the snapshot."""
+
+_GET1_LEAVES = _SERVICE_ID | _RAW | _SL | _MTU_SEL | _MTU | _RATE_SEL | _RATE | _PLT_SEL | _PLT
+"""Components :meth:`PathRecordFamily.get1` leaves to :meth:`~PathRecordFamily.query`; the others it
+takes either name an end (GIDs, LIDs), are P_Key or Reversible, or are ones ``query`` ignores too."""
+_ENDS = struct.Struct(">Q8xQQQQHH")
+"""A request's component mask, then its DGID (prefix, GUID), SGID, DLID and SLID (MAD offset 48)."""
+_RECORD = struct.Struct(">8x16s16sHH5xBHxBBBB7x")
+"""One PathRecord as :meth:`PathRecordFamily._one` packs it: DGID, SGID, DLID, SLID, Reversible,
+P_Key, SL, MTU, Rate and PacketLifeTime (each with selector 2), ServiceID and the rest 0."""
+_CODE_OF_RANK1: list[int] = _CODE_OF_RANK.tolist()
+_PK_SHARED_MAX = 1 << 16
+"""Most entries :attr:`_Base.pk_shared` and :attr:`_Base.pk_pairs` keep."""
 
 
 class _Req(NamedTuple):
@@ -520,7 +604,9 @@ class PathRecordFamily:
     def base(self, ctx: SaContext) -> _Base:
         b = ctx.cache.get("pr:base")
         if b is None:
-            b = ctx.cache["pr:base"] = _base(ctx.snapshot)
+            b = _base(ctx.snapshot)
+            _trace_all(b)
+            ctx.cache["pr:base"] = b
         return b  # type: ignore[no-any-return]
 
     def warm(self, cache: dict[str, object]) -> bool:
@@ -592,6 +678,63 @@ class PathRecordFamily:
                 if total > MAX_TABLE_RECORDS:
                     raise SaError(SaStatus.ERR_NO_RESOURCES, "every path of the subnet: too many records")
         return np.concatenate(out) if out else np.zeros((0, 64), np.uint8)
+
+    def get1(self, cache: dict[str, Any], snap: Any, raw: bytes, lid: int) -> bytes | None:
+        """The record a Get MAD ``raw`` from LID ``lid`` selects, for the common requests, or None.
+
+        The SA's fast path (:meth:`SaServer.take_inline`), on the per-snapshot arrays ``cache``
+        holds: both ends named (by GID, LID or both, one LID each), no selector, SL, ServiceID or
+        RawTraffic, and a path found. It answers what :meth:`query` answers (its ``_one``), with
+        scalars; anything else (another request, no record, an error status) is None and goes to
+        :meth:`query`.
+        """
+        b: _Base | None = cache.get("pr:base")
+        if b is None or len(raw) < 120:
+            return None
+        mask, dpre, dguid, spre, sguid, dlid, slid = _ENDS.unpack_from(raw, 48)
+        if mask & _GET1_LEAVES:
+            return None
+        src = _end1(b, mask & _SGID, mask & _SLID, spre, sguid, slid)
+        dst = _end1(b, mask & _DGID, mask & _DLID, dpre, dguid, dlid)
+        if src < 0 or dst < 0 or (b.span != 1 and mask & (_SLID | _DLID) != _SLID | _DLID):
+            return None
+        s1, d1 = b.ep1[src], b.ep1[dst]
+        if not mask & _SLID:
+            slid = s1[7]
+        if not mask & _DLID:
+            dlid = d1[7]
+        mtu, rank = path_value1(b, src, dlid)
+        if not mtu:
+            return None
+        want = int.from_bytes(raw[106:108], "big") if mask & _PKEY else None
+        plan = b.plan
+        if plan is None:
+            pkey = DEFAULT_PKEY if want is None else want if want & 0x7FFF == 0x7FFF else None
+        else:  # as _one: the asker reaches both ends, then pair_pkey over the cached shared keys
+            n = len(b.ep_of_lid1)
+            asker = b.ep_of_lid1[lid] if 0 < lid < n else -1
+            if asker < 0:
+                return None
+            pkey = _pkey1(b, plan, b.pk_class[asker], b.pk_class[src], b.pk_class[dst], want)
+        if pkey is None:
+            return None
+        rev = path_value1(b, dst, slid)[0] > 0
+        if not rev and mask & _REVERSIBLE and raw[105] & 0x80:
+            return None
+        sl = None  # path_sl: the route's layer, else the QoS level's SL, else DEFAULT_SL
+        layers = b.layers
+        if layers is not None:
+            row = b.entry1[src]
+            if row >= 0 and 0 < dlid < layers.shape[1]:
+                sl = int(layers[row, dlid])
+        if sl is None:
+            levels = b.levels
+            sl = (levels.level_sl((s1[5], s1[6]), (d1[5], d1[6]), pkey) if levels is not None else None) or DEFAULT_SL
+        plt = 0 if src == dst else SUBNET_TIMEOUT
+        return _RECORD.pack(
+            b.gid_bytes[dst], b.gid_bytes[src], dlid, slid, 0x80 if rev else 0, pkey, sl & 0xF, 0x80 | mtu,
+            0x80 | _CODE_OF_RANK1[rank], 0x80 | plt,
+        )  # fmt: skip
 
     @staticmethod
     def _requester(ctx: SaContext, b: _Base, lid: int) -> tuple[int, int] | None:
@@ -708,13 +851,24 @@ class PathRecordFamily:
         # pkey / SL hooks, per port pair
         pkeys = np.full(K * Q, DEFAULT_PKEY, np.int64)
         sls = np.zeros(K * Q, np.int64)
-        uniform = (
-            pair_pkey is _DEFAULT_HOOKS[0]
-            and pair_sl is _DEFAULT_HOOKS[1]
-            and getattr(ctx.snapshot, "partitions", None) is None
-            and not _qos_in_play(ctx.snapshot)
-        )
-        for k in range(1 if uniform else K):  # the default hooks answer the same for every pair
+        plan = getattr(ctx.snapshot, "partitions", None)
+        hooks = pair_pkey is _DEFAULT_HOOKS[0] and pair_sl is _DEFAULT_HOOKS[1] and not _qos_in_play(ctx.snapshot)
+        uniform = hooks and plan is None
+        by_class = hooks and plan is not None
+        if by_class:  # partitions only: a pair's P_Key is its two tables' (by class), its SL 0 or the one asked
+            cls = np.asarray(b.pk_class, np.intp)
+            pair = cls[src] * len(b.pk_port) + cls[dst]
+            have, at_k = np.unique(pair, return_inverse=True)
+            pk_of = np.array(
+                [-1 if (x := _pick_pkey(_shared2(b, plan, c // len(b.pk_port), c % len(b.pk_port)), r.pkey)) is None
+                 else x for c in have.tolist()], np.int64,
+            )  # fmt: skip
+            pk_e = np.repeat(pk_of[at_k], Q)
+            ok &= pk_e >= 0
+            pkeys = np.where(pk_e >= 0, pk_e, DEFAULT_PKEY)
+            if r.sl is not None:
+                sls[:] = r.sl
+        for k in range(0 if by_class else 1 if uniform else K):  # the default hooks answer the same for every pair
             sp = (int(b.ep_node[src[k]]), int(b.ep_port[src[k]]))
             dp = (int(b.ep_node[dst[k]]), int(b.ep_port[dst[k]]))
             at = slice(None) if uniform else slice(k * Q, (k + 1) * Q)
@@ -731,9 +885,7 @@ class PathRecordFamily:
                 sls[at] = r.sl
         layers = getattr(ctx.snapshot, "layers", None)
         if layers is not None:  # the route's layer per path (its DLID): SL k on VL k
-            rows = np.array([-1 if (x := entry_row(ctx.snapshot, (int(b.ep_node[e]), int(b.ep_port[e])))) is None
-                             else x for e in src.tolist()], np.int64)  # fmt: skip
-            row_e = np.repeat(rows, Q)
+            row_e = np.repeat(np.asarray(b.entry1, np.int64)[src], Q)  # entry_row of each source
             inside = (row_e >= 0) & (dlid > 0) & (dlid < layers.shape[1])
             sls = np.where(inside, layers[np.maximum(row_e, 0), np.where(inside, dlid, 0)], sls).astype(np.int64)
             if r.sl is not None:
@@ -779,6 +931,49 @@ class PathRecordFamily:
         out[:, 56] = 0x80 | plt_v[keep]
         out[:, 57] = prefs[keep]
         return out
+
+
+def _end1(b: _Base, by_gid: int, by_lid: int, prefix: int, guid: int, lid: int) -> int:
+    """:meth:`PathRecordFamily._end` for :meth:`~PathRecordFamily.get1`: the end port a side names
+    (``by_gid``, ``by_lid``: whether its GID, its LID are in the mask), -1 for anything else (unnamed,
+    unknown, a GID and a LID of two ports)."""
+    ep = -1
+    if by_gid:
+        if prefix >> 56 == 0xFF or (prefix >> 54 != 0xFE80 >> 6 and prefix != b.prefix):
+            return -1
+        ep = b.ep_of_guid.get(guid, -1)
+        if ep < 0:
+            return -1
+    if by_lid:
+        at = b.ep_of_lid1[lid] if 0 < lid < len(b.ep_of_lid1) else -1
+        return at if by_gid == 0 or at == ep else -1
+    return ep
+
+
+def _pkey1(b: _Base, plan: Any, asker: int, src: int, dst: int, want: int | None) -> int | None:
+    """What :meth:`PathRecordFamily._one` makes of ``plan.shared`` for a path, for end ports of partition
+    table classes ``asker``, ``src`` and ``dst`` and the P_Key asked for (``want``): :func:`pair_pkey`
+    when the asker reaches both ends, else None; cached by classes (``shared`` reads only the two
+    tables)."""
+    key = (asker, src, dst, want)
+    got = b.pk_shared.get(key, -1)
+    if got == -1:
+        p = b.pk_port
+        reach = plan.shared(p[asker], p[src]) and plan.shared(p[asker], p[dst])
+        got = _pick_pkey(tuple(plan.shared(p[src], p[dst])), want) if reach else None
+        if len(b.pk_shared) < _PK_SHARED_MAX:
+            b.pk_shared[key] = got
+    return got
+
+
+def _shared2(b: _Base, plan: Any, src: int, dst: int) -> tuple[int, ...]:
+    """``plan.shared`` between end ports of partition table classes ``src`` and ``dst``, cached."""
+    got = b.pk_pairs.get((src, dst))
+    if got is None:
+        got = tuple(plan.shared(b.pk_port[src], b.pk_port[dst]))
+        if len(b.pk_pairs) < _PK_SHARED_MAX:
+            b.pk_pairs[(src, dst)] = got
+    return got
 
 
 def _has_layers(snap: Any) -> bool:

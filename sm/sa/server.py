@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.mad import MadError
+from fabric.mad.constants import BASE_VERSION
 from fabric.mad.rmpp import RmppFlags, RmppSender, RmppType, segments
 from fabric.mad.sa import (
     SA_CLASS,
@@ -65,6 +66,11 @@ _RESPONSE: dict[int, int] = {
 }
 _RMPP_CONTROL = (int(RmppType.ACK), int(RmppType.STOP), int(RmppType.ABORT))
 _INLINE_METHODS = (int(SaMethod.GET), int(SaMethod.GET_TABLE))
+_GET = int(SaMethod.GET)
+_GET_RESP_STATUS_OK = bytes((int(SaMethod.GET_RESP), 0, 0))
+"""A GetResp's method and status words, as a Get's answer starts at byte 3."""
+_ANSWER_ZEROS = bytes(20)
+"""RMPP header and SM_Key of an answer (bytes 24 to 44)."""
 RMPP_TIMEOUT_S = 0.2
 """Time an RMPP sender waits for an ACK before sending again from the last one acknowledged."""
 RMPP_RETRIES = 5
@@ -92,6 +98,11 @@ class SaRequest:
     @property
     def mask(self) -> int:
         return self.mad.component_mask
+
+
+GetOne = Callable[[dict[str, Any], Any, bytes, int], bytes | None]
+"""A family's fast path for a Get (optional ``get1``): (the snapshot's tables, the snapshot, the MAD,
+the asker's LID) -> the one record the Get selects, or None to leave the request to ``query``."""
 
 
 class Family(Protocol):
@@ -195,13 +206,24 @@ class SaServer:
         """(snapshot, the tables the families built for it)."""
         self._out: dict[tuple[int, int, int], _Outgoing] = {}
         self.kernel_rmpp = bool(getattr(transport, "kernel_rmpp", False))
+        self._inline: dict[int, tuple[Callable[[dict[str, Any]], bool], GetOne | None, bytes]] = {}
+        """Attribute -> (warm, get1, AttributeOffset bytes) of the families answered off the event loop."""
+        for attr, f in self.families.items():
+            warm = getattr(f, "warm", None)
+            if getattr(f, "reads_only", False) and warm is not None:
+                self._inline[attr] = (warm, getattr(f, "get1", None), ((f.size + 7) // 8).to_bytes(2, "big"))
 
     # -- entry ----------------------------------------------------------------------
 
     def take_inline(self, raw: bytes, src: MadAddress) -> bool:
         """The transport's fast path (its receive thread): a Get or GetTable of a family that reads only
         the snapshot, answered right there with no hop to the event loop; False for anything else
-        (Sets, Deletes, the stateful families, RMPP we run ourselves), which goes the usual way."""
+        (Sets, Deletes, the stateful families, RMPP we run ourselves), which goes the usual way.
+
+        A Get its family answers with ``get1`` (a PathRecord between two named ports) skips the
+        parse into :class:`SaMad` and the request objects: the answer is the request's header with the
+        response's fields, and the record; what ``get1`` leaves goes to :meth:`take`.
+        """
         if (
             not self.kernel_rmpp
             or len(raw) < SA_DATA_OFFSET
@@ -210,15 +232,40 @@ class SaServer:
             or raw[24:27] != b"\0\0\0"  # no RMPP header: a plain request
         ):
             return False
-        family = self.families.get(int.from_bytes(raw[16:18], "big"))
-        if family is None or not getattr(family, "reads_only", False):
+        attr = int.from_bytes(raw[16:18], "big")
+        inline = self._inline.get(attr)
+        if inline is None:
             return False
+        warm, get1, offset = inline
         # A table not built yet for this snapshot is built on the event loop (a second of numpy on a
         # large fabric must not hold up the answers to the sweep's SMPs on this thread).
-        warm = getattr(family, "warm", None)
         snap, cache = self._cached
-        if snap is None or snap is not self._snapshot() or warm is None or not warm(cache):
+        if snap is None or snap is not self._snapshot() or not warm(cache):
             return False
+        if (
+            get1 is not None
+            and raw[3] == _GET
+            and raw[0] == BASE_VERSION
+            and raw[2] == SA_CLASS_VERSION
+            and len(raw) <= 256
+            and self._ready()
+        ):
+            rec = get1(cache, snap, raw, src.lid)
+            if rec is not None:  # as take, _answer and _send count and answer it
+                st = self.stats
+                st.received += 1
+                st.by_attr[attr] += 1
+                st.records += 1
+                head = (raw[:3], _GET_RESP_STATUS_OK, raw[6:24], _ANSWER_ZEROS, offset, raw[46:SA_DATA_OFFSET], rec)
+                try:
+                    self.transport.reply(b"".join(head), src)
+                except Exception as e:  # the host is gone, the transport closed: counted, never raised
+                    st.dropped += 1
+                    log.debug("SA answer to LID %#x not sent: %s", src.lid, e)
+                    return True
+                st.answered += 1
+                st.status[0] += 1
+                return True
         return self.take(raw, src, snap=snap)
 
     def take(self, raw: bytes, src: MadAddress, *, snap: Any = None) -> bool:
