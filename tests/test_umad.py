@@ -29,9 +29,11 @@ import pytest
 from fabric.ibsim import IbsimProcess, ibsim_available
 from sm.transport.base import TransportError
 from sm.transport.umad import (
+    _USER_MAD_HDR,
     PortAttrs,
     UmadTransport,
     _method_mask,
+    _set_addr,
     choose_port,
     list_ports,
     load_libibumad,
@@ -299,6 +301,22 @@ def test_method_mask_bits() -> None:
     assert all(v == 0 for v in list(mask)[1:])
     high = _method_mask(0x7F)
     assert list(high)[-1] != 0
+
+
+def test_address_written_as_umad_set_addr_writes_it() -> None:
+    """The send buffers' address is packed in Python: the same bytes as libibumad's umad_set_addr."""
+    import ctypes
+
+    try:
+        lib = load_libibumad()
+    except TransportError:
+        pytest.skip("no libibumad")
+    for lid, qp, qkey in ((1, 1, 0x80010000), (0xBFFF, 0, 0), (0xFFFF, 0xFFFFFF, 0xFFFFFFFF), (0x1234, 1, 0x5678)):
+        theirs = ctypes.create_string_buffer(b"\xa5" * (_USER_MAD_HDR + 256))
+        ours = ctypes.create_string_buffer(b"\xa5" * (_USER_MAD_HDR + 256))
+        lib.umad_set_addr(theirs, lid, qp, 0, qkey)
+        _set_addr(memoryview(ours).cast("B"), (lid, qp, qkey))
+        assert ours.raw == theirs.raw, (lid, qp, qkey)
 
 
 def test_start_needs_an_event_loop() -> None:

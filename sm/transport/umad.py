@@ -104,6 +104,8 @@ _SINK_SLICE_S = 0.005
 _REFUSALS_PER_S = 2000
 
 """Most requests answered with an error status per second; a flood beyond is counted only."""
+_MAX_SOURCES = 4096
+"""Most source addresses the receive thread keeps a :class:`MadAddress` of (then it starts afresh)."""
 
 
 # -- rdma-core umad.h layouts (ABI of libibumad.so.3) -------------------------
@@ -132,6 +134,7 @@ class _MadAddr(ctypes.Structure):
 _ADDR_OFFSET = 20
 """Offset of ``addr`` in ``struct ib_user_mad`` (agent_id, status, timeout_ms, retries, length before it)."""
 _ADDR_HEAD = struct.Struct(">IIHB")
+"""The head of ``struct ib_mad_addr`` in a umad buffer: QPN, Q_Key, LID (network order) and SL."""
 _PKEY_INDEX = _ADDR_OFFSET + _MadAddr.pkey_index.offset
 
 
@@ -216,6 +219,12 @@ def _bare(lib: ctypes.CDLL, name: str) -> Any:
     fn = lib._FuncPtr((name, lib))
     fn.restype = ctypes.c_int
     return fn
+
+
+def _set_addr(view: memoryview, addr: tuple[int, int, int]) -> None:
+    """``umad_set_addr(buffer, DLID, QP, SL 0, Q_Key)`` for (DLID, QP, Q_Key) ``addr``, without a call
+    into C: the same stores into ``struct ib_mad_addr`` (QPN, Q_Key and LID in network order, SL)."""
+    _ADDR_HEAD.pack_into(view, _ADDR_OFFSET, addr[1], addr[2], addr[0], 0)
 
 
 def _under_umad2sim() -> bool:
@@ -445,6 +454,8 @@ class UmadTransport(WindowedTransport):
         self._hdr_size = _USER_MAD_HDR
         self._umad_send: Any = None
         self._trap_sources: OrderedDict[bytes, MadAddress] = OrderedDict()
+        self._sources: dict[bytes, MadAddress] = {}
+        """struct ib_mad_addr's bytes -> its MadAddress (the receive thread's)."""
         self._spare_ports: list[int] = []
         self._sink = -1
         self._refusal_tokens = float(_REFUSALS_PER_S)
@@ -723,7 +734,7 @@ class UmadTransport(WindowedTransport):
         # The header was zeroed at allocation; umad_send rewrites agent, timeout, retries and
         # length on each send, and the address only changes with the destination.
         if addr != self._send_addr:
-            lib.umad_set_addr(self._send_buf, addr[0], addr[1], 0, addr[2])
+            _set_addr(view, addr)
             self._send_addr = addr
         hs = self._hdr_size
         view[hs : hs + n] = mad
@@ -787,7 +798,9 @@ class UmadTransport(WindowedTransport):
                 next_check = now + _RECV_POLL_S if nxt is None else min(nxt, now + _RECV_POLL_S)
             # Block in umad_recv only until the next deadline (a fresh batch's may come sooner:
             # the poll is short enough that a timeout fires at most that late, never early).
-            wait_ms = max(1, int((next_check - now) * 1000) + 1)
+            wait_ms = int((next_check - now) * 1000) + 1
+            if wait_ms < 1:  # (no max(): a builtin that parses keywords on every call)
+                wait_ms = 1
 
     def _received(self, buf: ctypes.Array[ctypes.c_char], view: memoryview, length: int) -> bool:
         """One MAD that arrived (its bytes at the header's end of ``buf``); False when the loop is gone.
@@ -796,7 +809,7 @@ class UmadTransport(WindowedTransport):
         trap to the event loop, with its source; any other request is refused.
         """
         hs = self._hdr_size
-        n = min(max(length, 0), MAD_SIZE)
+        n = length if length < MAD_SIZE else MAD_SIZE
         if n < MAD_HEADER_SIZE:
             self.stats.malformed += 1
             return True
@@ -807,11 +820,9 @@ class UmadTransport(WindowedTransport):
             except Exception:  # the thread must live on, or every batch would hang
                 log.exception("umad answer on %s/%s not delivered", self.ca_name, self.port_num)
             return True
-        assert self._lib is not None and self._loop is not None
-        # struct ib_user_mad's addr (struct ib_mad_addr) read in place: QPN, Q_Key, LID in network order.
-        qpn, qkey, lid, sl = _ADDR_HEAD.unpack_from(view, _ADDR_OFFSET)
-        src = MadAddress(lid, qpn, qkey, sl, int.from_bytes(view[_PKEY_INDEX : _PKEY_INDEX + 2], sys.byteorder))
-        if is_trap(mad):
+        assert self._loop is not None
+        src = self._source(view)
+        if mad[3] == METHOD_TRAP and is_trap(mad):
             self._peek(mad)  # here, on this thread: an SM announcing itself cannot wait for the loop
             try:
                 self._loop.call_soon_threadsafe(self._deliver_trap, mad, src)
@@ -842,6 +853,20 @@ class UmadTransport(WindowedTransport):
         self._refuse_from(mad, src)
         return True
 
+    def _source(self, view: memoryview) -> MadAddress:
+        """Where the MAD in the receive buffer came from: struct ib_user_mad's addr (struct ib_mad_addr)
+        read in place (QPN, Q_Key, LID in network order), one :class:`MadAddress` per distinct address
+        (they are immutable: a host asking again is answered with the one made for its first request)."""
+        key = view[_ADDR_OFFSET : _PKEY_INDEX + 2].tobytes()
+        src = self._sources.get(key)
+        if src is None:
+            qpn, qkey, lid, sl = _ADDR_HEAD.unpack_from(view, _ADDR_OFFSET)
+            src = MadAddress(lid, qpn, qkey, sl, int.from_bytes(key[-2:], sys.byteorder))
+            if len(self._sources) >= _MAX_SOURCES:
+                self._sources.clear()
+            self._sources[key] = src
+        return src
+
     def _refuse_request(self, mad: bytes, src: MadAddress) -> None:
         self._refuse_from(mad, src)
 
@@ -869,10 +894,13 @@ class UmadTransport(WindowedTransport):
     def _reply(self, mad: bytes, to: MadAddress) -> None:
         """An answer of ours to ``to``: through the agent of its class, from the QP it was asked on.
 
-        A directed-route SMP goes to the permissive LID (the SMP carries its way back); a GMP
-        longer than a MAD goes whole to the kernel, whose RMPP cuts it into segments.
+        A directed-route SMP goes to the permissive LID (the SMP carries its way back). An SA answer
+        as long as its records goes in a buffer of its own, at its length: shorter than a MAD (the
+        kernel pads it; a host reads the record count off the length), or longer (the kernel's RMPP
+        cuts it into segments; libumad2sim sends its first MAD).
         """
-        mclass = mad[1] if len(mad) > 1 else -1
+        n = len(mad)
+        mclass = mad[1] if n > 1 else -1
         agent = self._agents.get(mclass)
         if agent is None:
             raise TransportError(f"no agent of class {mclass:#04x} to answer with")
@@ -882,31 +910,23 @@ class UmadTransport(WindowedTransport):
             addr = (to.lid, 0, 0)
         else:
             addr = (to.lid, to.qpn or 1, to.qkey or GSI_QKEY)
-        if len(mad) == MAD_SIZE:
+        if n == MAD_SIZE:
             self._send_to(mad, addr, agent)
-        else:  # an SA answer as long as its records (the kernel pads or segments it)
-            self._send_long(mad, addr, agent)
-
-    def _send_long(self, mad: bytes, addr: tuple[int, int, int], agent: int) -> None:
-        """An answer of its own length in a buffer of its own: shorter than a MAD (the kernel pads it;
-        a host reads the record count off the length), or longer (the kernel segments it; libumad2sim
-        sends its first MAD)."""
-        lib = self._lib
-        if lib is None or self._portid < 0:
+            return
+        if self._portid < 0:
             raise TransportError("transport not started")
-        n = len(mad)
         if n < MAD_HEADER_SIZE:
             raise ValueError(f"answer of {n} bytes is shorter than a MAD header")
         if n > MAX_RMPP_BYTES:
             raise ValueError(f"answer of {n} bytes; at most {MAX_RMPP_BYTES}")
         hs = self._hdr_size
         buf, view = self._long_buf, self._long_view
-        if buf is None or view is None or len(buf) < hs + n:
+        if buf is None or view is None or len(view) < hs + n:
             buf = self._long_buf = ctypes.create_string_buffer(hs + max(n, 4096))
             view = self._long_view = memoryview(buf).cast("B")
             self._long_addr = None
         if addr != self._long_addr:  # (umad_send rewrites agent, length and timeouts, not the address)
-            lib.umad_set_addr(buf, addr[0], addr[1], 0, addr[2])
+            _set_addr(view, addr)
             self._long_addr = addr
         view[hs : hs + n] = mad
         rc = self._umad_send(self._portid, agent, buf, n, 0, 0)
