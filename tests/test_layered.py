@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 import sm.routing.layered as layered_mod
@@ -162,39 +163,38 @@ def test_lifting_fixes_a_valley_on_switch_lids() -> None:
             assert layers_used(res.layers) == 2
 
 
-def test_break_cycles_leaves_an_acyclic_graph() -> None:
+def random_digraphs(
+    seed: int, n: int, edges: tuple[int, int]
+) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
+    """20 random weighted digraphs on ``n`` vertices, ``edges`` (low, high) edges each: src, dst, weight."""
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        m = int(rng.integers(*edges))
+        yield rng.integers(0, n, m).astype(np.int64), rng.integers(0, n, m).astype(np.int64), rng.random(m)
+
+
+def is_dag(src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> bool:
     import networkx as nx
 
-    rng = np.random.default_rng(5)
-    for _ in range(20):
-        n = 30
-        m = int(rng.integers(30, 120))
-        src = rng.integers(0, n, m).astype(np.int64)
-        dst = rng.integers(0, n, m).astype(np.int64)
-        w = rng.random(m)
+    g = nx.DiGraph()
+    g.add_edges_from(zip(src.tolist(), dst.tolist(), strict=True))
+    return bool(nx.is_directed_acyclic_graph(g))
+
+
+def test_break_cycles_leaves_an_acyclic_graph() -> None:
+    n = 30
+    for src, dst, w in random_digraphs(5, n, (30, 120)):
         cut = break_cycles(n, src, dst, w)
-        g = nx.DiGraph()
-        g.add_nodes_from(range(n))
-        g.add_edges_from(zip(src[~cut].tolist(), dst[~cut].tolist(), strict=True))
-        assert nx.is_directed_acyclic_graph(g)
+        assert is_dag(src[~cut], dst[~cut])
 
 
 def test_feedback_order_leaves_an_acyclic_graph_forward() -> None:
-    import networkx as nx
-
-    rng = np.random.default_rng(7)
-    for _ in range(20):
-        n = 40
-        m = int(rng.integers(40, 200))
-        src = rng.integers(0, n, m).astype(np.int64)
-        dst = rng.integers(0, n, m).astype(np.int64)
-        w = rng.random(m)
+    n = 40
+    for src, dst, w in random_digraphs(7, n, (40, 200)):
         pos = feedback_order(n, src, dst, w)
         assert sorted(pos.tolist()) == list(range(n))
         fwd = pos[src] < pos[dst]
-        g = nx.DiGraph()
-        g.add_edges_from(zip(src[fwd].tolist(), dst[fwd].tolist(), strict=True))
-        assert nx.is_directed_acyclic_graph(g)
+        assert is_dag(src[fwd], dst[fwd])
         # Eades-Lin-Smyth keeps at least half the weight of the non-loop edges forward.
         loop = src == dst
         assert w[fwd].sum() >= 0.5 * w[~loop].sum()

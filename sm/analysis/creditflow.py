@@ -111,6 +111,14 @@ def _sl_to_vl(sl2vl: npt.ArrayLike | None) -> npt.NDArray[np.int64]:
     return t
 
 
+def injecting_rows(fabric: Fabric) -> npt.NDArray[np.bool_]:
+    """Switch rows with a CA port cabled (LinkUp) to them: where CA traffic enters the fabric."""
+    up = fabric.up_mask()
+    peer_is_ca = fabric.node_type[np.where(up, fabric.peer_node, 0)] == NodeType.CA
+    out: npt.NDArray[np.bool_] = (peer_is_ca & up)[fabric.switches].any(axis=1)
+    return out
+
+
 def channel_dependency_graph(
     fabric: Fabric,
     lids: LidMap,
@@ -162,12 +170,7 @@ def channel_dependency_graph(
         wanted &= fabric.node_type[np.maximum(lids.owner_node, 0)] == NodeType.CA
     b = max(64, (_CELLS_PER_BLOCK // max(n, 1)) // 64 * 64)
     rows = np.arange(n)
-    if from_cas:
-        up_all = fabric.up_mask()
-        peer_is_ca = fabric.node_type[np.where(up_all, fabric.peer_node, 0)] == NodeType.CA
-        injects = (peer_is_ca & up_all)[sw].any(axis=1)
-    else:
-        injects = np.ones(n, np.bool_)
+    injects = injecting_rows(fabric) if from_cas else np.ones(n, np.bool_)
     for lid0 in range(0, n_lid, b):
         lid1 = min(lid0 + b, n_lid)
         c1_all = chan_id[rows[:, None], lft[:, lid0:lid1]]

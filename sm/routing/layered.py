@@ -75,7 +75,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fabric.model import Fabric, NodeType
-from sm.analysis.creditflow import channel_dependency_graph, kahn_levels
+from sm.analysis.creditflow import channel_dependency_graph, injecting_rows, kahn_levels
 from sm.analysis.patterns import hosts, random_permutation
 from sm.analysis.verify import link_loads, shift_quality
 from sm.lidmap import LidMap
@@ -141,8 +141,6 @@ class _Level:
     """``[rows, k]``: the row each candidate leads to, padded with the sentinel row ``n``."""
     widx: npt.NDArray[np.int64]
     """``[rows, k]``: flat index ``row * (P + 1) + port`` into the link weights."""
-    count: npt.NDArray[np.int64]
-    """Candidates of each row."""
     flat: npt.NDArray[np.int64]
     """``row position * k``: where each row's candidates start in the raveled ``[rows, k]`` arrays."""
 
@@ -171,20 +169,13 @@ def _levels(nbr: npt.NDArray[np.int64], dist_to_d: npt.NDArray[np.uint8]) -> lis
             break
         k = int(count[rows].max())
         pl = ports[rows, :k]
-        out.append(
-            _Level(
-                rows, pl, nxt[rows, :k], rows[:, None] * (n_ports + 1) + pl, count[rows], np.arange(rows.size) * k
-            )
-        )
+        out.append(_Level(rows, pl, nxt[rows, :k], rows[:, None] * (n_ports + 1) + pl, np.arange(rows.size) * k))
     return out
 
 
 def _ca_ports_per_row(fabric: Fabric, lids: LidMap, g: SwitchGraph) -> npt.NDArray[np.float64]:
     """CA end ports with a LID entering the fabric at each row: the traffic a row sources."""
-    ep = np.argwhere(lids.base > 0).astype(np.int64)
-    ep = ep[fabric.node_type[ep[:, 0]] == NodeType.CA]
-    up = fabric.up_mask()[ep[:, 0], ep[:, 1]]
-    ep = ep[up]
+    ep = hosts(fabric, lids)
     row = g.row_of[fabric.peer_node[ep[:, 0], ep[:, 1]].astype(np.int64)]
     row = row[row >= 0]
     return np.bincount(row, minlength=g.n).astype(np.float64)
@@ -196,19 +187,10 @@ def _ca_lids(fabric: Fabric, lids: LidMap) -> int:
     return int(np.count_nonzero(fabric.node_type[ep[:, 0]] == NodeType.CA))
 
 
-def injecting_rows(fabric: Fabric, g: SwitchGraph | None = None) -> npt.NDArray[np.bool_]:
-    """Switch rows with a CA port cabled (LinkUp) to them: where CA traffic enters the fabric."""
-    g = g if g is not None else switch_graph(fabric)
-    up = fabric.up_mask()[g.nodes]
-    peer = np.where(up, fabric.peer_node[g.nodes], 0)
-    out: npt.NDArray[np.bool_] = (up & (fabric.node_type[peer] == NodeType.CA)).any(axis=1)
-    return out
-
-
 def _route_one(
     levels: list[_Level],
     w: npt.NDArray[np.float64],
-    src_weight: npt.NDArray[np.float64] | None,
+    src_weight: npt.NDArray[np.float64],
     col: npt.NDArray[np.uint8],
     d: int,
     n: int,
@@ -223,8 +205,6 @@ def _route_one(
         cost[lv.rows] = c.ravel()[fi]
         col[lv.rows] = lv.ports.ravel()[fi]
         picked.append(fi)
-    if src_weight is None:
-        return
     flow = src_weight.copy()
     for lv, fi in zip(reversed(levels), reversed(picked), strict=True):
         f = flow[lv.rows]
@@ -232,21 +212,13 @@ def _route_one(
         flow += np.bincount(lv.nbr.ravel()[fi], weights=f, minlength=n)
 
 
-def balanced_lft(fabric: Fabric, lids: LidMap, g: SwitchGraph | None = None, *, batch: int | None = None) -> Lft:
-    """Shortest paths balanced by link weights updated after each CA LID (see the module docstring).
-
-    ``batch`` LIDs of one destination switch are routed at once (default 1, DFSSSP's order; measured:
-    batches are faster but balance a fat-tree far worse): within a batch the weights are those before it,
-    and the ``j``-th LID takes, at each switch, the ``j``-th cheapest of its shortest-path ports
-    (modulo their number), so a batch spreads over equal choices as the sequential update would.
-    """
+def balanced_lft(fabric: Fabric, lids: LidMap, g: SwitchGraph | None = None) -> Lft:
+    """Shortest paths balanced by link weights updated after each CA LID (see the module docstring)."""
     g = g if g is not None else switch_graph(fabric)
     lft = empty_lft(fabric, lids)
     n = g.n
     if n == 0:
         return lft
-    if batch is None:
-        batch = 1
     dist = hop_matrix(g.nbr)
     dist_t = np.ascontiguousarray(dist.T)  # [d, x]: hops from x to d
     n_ports = g.nbr.shape[1]
@@ -257,66 +229,28 @@ def balanced_lft(fabric: Fabric, lids: LidMap, g: SwitchGraph | None = None, *, 
     if sw_lid.any():
         _fill_lowest(lft, _lowest_ports(g, dist), dst.lid[sw_lid], dst.row[sw_lid], dst.egress[sw_lid])
     ok &= dst.counted
-    lid_all, row_all, egress_all, counted_all = dst.lid[ok], dst.row[ok], dst.egress[ok], dst.counted[ok]
+    lid_all, row_all, egress_all = dst.lid[ok], dst.row[ok], dst.egress[ok]
     # CA LIDs in LID order, grouped by the switch they hang on (in order of its first CA LID), so
     # each switch's shortest-path DAG is built once.
     first = np.full(n, np.iinfo(np.int64).max, np.int64)
     pos = np.arange(row_all.size)
     np.minimum.at(first, row_all, pos)
     order = np.lexsort((np.arange(row_all.size), first[row_all]))
-    lid_all, row_all, egress_all, counted_all = lid_all[order], row_all[order], egress_all[order], counted_all[order]
+    lid_all, row_all, egress_all = lid_all[order], row_all[order], egress_all[order]
     src_weight = _ca_ports_per_row(fabric, lids, g)
     w = np.zeros(n * (n_ports + 1), np.float64)
     w.reshape(n, n_ports + 1)[:, n_ports] = np.inf
     lft_t = np.ascontiguousarray(lft.T)
-    # Runs of LIDs delivered from the same switch, cut into batches.
-    cut = np.r_[True, row_all[1:] != row_all[:-1]]
-    run_start = np.maximum.accumulate(np.where(cut, np.arange(row_all.size), 0))
-    cut |= (np.arange(row_all.size) - run_start) % batch == 0
-    starts = np.flatnonzero(cut)
-    ends = np.r_[starts[1:], row_all.size]
     cache: dict[int, list[_Level]] = {}
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        d = int(row_all[a])
+    for lid, d, egress in zip(lid_all.tolist(), row_all.tolist(), egress_all.tolist(), strict=True):
         levels = cache.get(d)
         if levels is None:
             levels = _levels(g.nbr, dist_t[d])
             if len(cache) > 256:
                 cache.clear()
             cache[d] = levels
-        nb_ = b - a
-        if nb_ == 1:
-            _route_one(levels, w, src_weight, lft_t[lid_all[a]], d, n)
-            lft_t[lid_all[a], d] = egress_all[a]
-            continue
-        j = np.arange(nb_, dtype=np.int64)[:, None]
-        cost = np.full((nb_, n + 1), np.inf)
-        cost[:, d] = 0.0
-        col = np.full((nb_, n), NO_ROUTE, np.uint8)
-        chosen = []
-        for lv in levels:
-            c = w[lv.widx][None, :, :] + cost[:, lv.nbr]  # [batch, rows, k]
-            if nb_ == 1:
-                pick = c.argmin(axis=2)
-            else:
-                rank = np.argsort(c, axis=2, kind="stable")
-                pick = np.take_along_axis(rank, (j % lv.count[None, :])[:, :, None], axis=2)[:, :, 0]
-            cb = np.take_along_axis(c, pick[:, :, None], axis=2)[:, :, 0]
-            cost[:, lv.rows] = cb
-            port = lv.ports[np.arange(lv.rows.size)[None, :], pick]
-            col[:, lv.rows] = port
-            chosen.append((lv.rows, port, lv.nbr[np.arange(lv.rows.size)[None, :], pick]))
-        col[:, d] = egress_all[a:b]
-        lft_t[lid_all[a:b]] = col
-        weigh = counted_all[a:b]
-        if weigh.any():
-            flow = np.repeat(src_weight[None, :], nb_, axis=0)
-            flow[~weigh] = 0.0
-            base = np.arange(nb_, dtype=np.int64)[:, None] * n
-            for rows, port, nxt in reversed(chosen):
-                f = flow[:, rows]
-                np.add.at(w, rows[None, :] * (n_ports + 1) + port, f)
-                flow += np.bincount((base + nxt).ravel(), weights=f.ravel(), minlength=nb_ * n).reshape(nb_, n)
+        _route_one(levels, w, src_weight, lft_t[lid], d, n)
+        lft_t[lid, d] = egress
     return np.ascontiguousarray(lft_t.T)
 
 
@@ -1003,6 +937,7 @@ def assign_layers(
     *,
     from_cas: bool = True,
     engine: str = "layered",
+    g: SwitchGraph | None = None,
 ) -> Layers:
     """Layer (SL) of every (source row, LID) route so each layer's channel dependency graph is acyclic.
 
@@ -1019,9 +954,9 @@ def assign_layers(
     and way, for at most ``max_layers`` layers. When that needs more than 2
     layers and a few dozen passes fit in :data:`CUT_WORK`, layering by cuts
     (:func:`_by_cuts`) is tried too, given up past :data:`CUT_WORK`; the
-    fewer layers win (the cuts on a tie).
+    fewer layers win (the cuts on a tie). ``g``: the fabric's :func:`switch_graph`, if already built.
     """
-    g = switch_graph(fabric)
+    g = g if g is not None else switch_graph(fabric)
     n = g.n
     layer = np.zeros((n, lids.max_lid + 1), np.uint8)
     if n == 0:
@@ -1032,7 +967,7 @@ def assign_layers(
     if n_ch == 0:
         return layer
     n_codes = n_ch * n_ports
-    source = injecting_rows(fabric, g) if from_cas else np.ones(n, np.bool_)
+    source = injecting_rows(fabric) if from_cas else np.ones(n, np.bool_)
     lid_ok = lids.owner_node >= 0
     codes = np.arange(n_codes, dtype=np.int64)
     c1_all = codes // n_ports
@@ -1160,13 +1095,13 @@ class LayeredEngine:
         if _ca_lids(fabric, lids) > CANDIDATE_HOSTS:
             # Large: the balanced routes; the lowest-port ones only if those cannot be layered.
             try:
-                layers = assign_layers(fabric, lids, lft, max_layers, from_cas=True, engine=self.name)
+                layers = assign_layers(fabric, lids, lft, max_layers, from_cas=True, engine=self.name, g=g)
             except LayeringError as e:
                 low = lowest_port_lft(fabric, lids, g)
                 if np.array_equal(low, lft):
                     raise
                 try:
-                    layers = assign_layers(fabric, lids, low, max_layers, from_cas=True, engine=self.name)
+                    layers = assign_layers(fabric, lids, low, max_layers, from_cas=True, engine=self.name, g=g)
                 except LayeringError:
                     raise e from None
                 lft = low
@@ -1179,7 +1114,7 @@ class LayeredEngine:
         error: LayeringError | None = None
         for cand in cands:
             try:
-                layers = assign_layers(fabric, lids, cand, max_layers, from_cas=True, engine=self.name)
+                layers = assign_layers(fabric, lids, cand, max_layers, from_cas=True, engine=self.name, g=g)
             except LayeringError as e:
                 error = error or e
                 continue
