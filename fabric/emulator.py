@@ -658,7 +658,6 @@ class EmulatedFabric:
         out[self.fabric.port_exists] = self._ctr[:-1]
         return out
 
-
     @property
     def lft(self) -> npt.NDArray[np.uint8]:
         """``uint8[switch row, LID]``: each switch's LinearForwardingTable (255 = no route).

@@ -422,14 +422,7 @@ class _PolicyParser:
 
     def _list(self, value: tuple[str, int, int]) -> list[tuple[str, int, int]]:
         text, no, col = value
-        out = []
-        at = col
-        for piece in text.split(","):
-            s = piece.strip()
-            if s:
-                out.append((s, no, at + len(piece) - len(piece.lstrip())))
-            at += len(piece) + 1
-        return out
+        return [(piece.strip(), no, col + at - 1) for piece, at in _items(text) if piece.strip()]
 
     def _names(self, values: dict[str, tuple[str, int, int]], key: str) -> tuple[str, ...]:
         v = values.get(key)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fabric.mad import PortCap
+from fabric.mad import VLARB_BLOCK_SIZE, PortCap
 from fabric.model import NO_PEER, Fabric, NodeType
 from sm.qos.config import QosConfig, QosPolicy
 
@@ -44,7 +44,7 @@ __all__ = ["QosPlan", "pack_sl2vl", "plan_qos", "vl_mask"]
 
 Port = tuple[int, int]
 _SL_MAP = int(PortCap.IS_SL_MAPPING_SUPPORTED)
-VLARB_BLOCK = 32
+VLARB_BLOCK = VLARB_BLOCK_SIZE
 
 
 def vl_mask(op_vls: int) -> int:
@@ -89,12 +89,6 @@ class QosPlan:
     def empty(self) -> bool:
         """Nothing to set (QoS off and one layer)."""
         return not self.sl2vl_set.any() and not self.vlarb_ports.size
-
-    @property
-    def n_sl2vl(self) -> int:
-        """How many SLtoVLMappingTables the plan sets."""
-        per = np.where(self.is_switch, self.nports + 1, 1)
-        return int((self.sl2vl_set.sum(axis=1) * per).sum())
 
     def sl2vl_table(self, node: int, in_port: int, out_port: int) -> npt.NDArray[np.uint8] | None:
         """The VL of each SL set on (node, in, out) (a CA port: in 0), or None when none is set there."""

@@ -490,14 +490,7 @@ def _plan_port_infos(
     info = d.port_info
     rn, rp = np.nonzero(up | endport)
     known = [k for k in zip(rn.tolist(), rp.tolist(), strict=True) if k in info]
-    held = {name: np.zeros(up.shape, np.uint64) for name in _HELD}
-    read = np.zeros_like(up)
-    if known:
-        kn, kp = np.array(known, np.intp).reshape(-1, 2).T
-        read[kn, kp] = True
-        rows = np.frombuffer(b"".join([info.raw(k) or b"" for k in known]), np.uint8).reshape(len(known), -1)
-        for name in _HELD:
-            held[name][kn, kp] = _PORT_INFO.column(rows, name)
+    held, read = _info_columns(d, known, _HELD, up.shape, np.uint64)
     lmc = lids.lmc
     # A link the model has seen come up (a light sweep's change) is armed even if the PortInfo at
     # hand is older (its read failed): the port can only be in INIT then.
@@ -1199,16 +1192,25 @@ _QOS_COLUMNS = ("CapabilityMask", "VLArbitrationLowCap", "VLArbitrationHighCap",
 def qos_port_columns(d: Discovery) -> dict[str, npt.NDArray[Any]]:
     """The PortInfo columns QoS planning reads (``sm.qos.plan.plan_qos``), per ``[node, port]``, from the
     bytes each port holds; ``known``: its PortInfo was read."""
-    f = d.fabric
     info = d.port_info
-    shape = f.port_exists.shape
-    out: dict[str, npt.NDArray[Any]] = {name: np.zeros(shape, np.int64) for name in _QOS_COLUMNS}
-    out["known"] = np.zeros(shape, bool)
     keys = [k for k in info if info.raw(k) is not None]
+    out, known = _info_columns(d, keys, _QOS_COLUMNS, d.fabric.port_exists.shape, np.int64)
+    out["known"] = known
+    return out
+
+
+def _info_columns(
+    d: Discovery, keys: list[tuple[int, int]], names: Iterable[str], shape: tuple[int, ...], dtype: Any
+) -> tuple[dict[str, npt.NDArray[Any]], npt.NDArray[np.bool_]]:
+    """PortInfo fields ``names`` of the ports ``keys`` (each read, or as the last Set left it) as
+    ``[node, port]`` columns of ``dtype`` (0 elsewhere), and where they were read."""
+    info = d.port_info
+    out: dict[str, npt.NDArray[Any]] = {name: np.zeros(shape, dtype) for name in names}
+    read = np.zeros(shape, bool)
     if keys:
         kn, kp = np.array(keys, np.intp).reshape(-1, 2).T
+        read[kn, kp] = True
         rows = np.frombuffer(b"".join([info.raw(k) or b"" for k in keys]), np.uint8).reshape(len(keys), -1)
-        for name in _QOS_COLUMNS:
-            out[name][kn, kp] = _PORT_INFO.column(rows, name).astype(np.int64)
-        out["known"][kn, kp] = True
-    return out
+        for name in out:
+            out[name][kn, kp] = _PORT_INFO.column(rows, name)
+    return out, read
