@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import hashlib
 import itertools
 import logging
@@ -62,6 +61,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from exporters import metrics as M
+from exporters.heap import trim_heap
 from exporters.metrics import MetricDef
 from fabric.errors import IbfmError
 from fabric.model import MTU_BYTES, NO_PEER, Fabric, NodeType, lanes_of, link_bytes_per_s
@@ -1303,30 +1303,13 @@ class MetricsRenderer:
             out = Exposition(tuple(segments), OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)
             outputs[(openmetrics, sel)] = out
             self.stats = RenderStats(time.perf_counter() - t0, out.size, out.gzip_size, families, rendered, False)
-            if rendered:
-                _trim()
+            if rendered:  # the render's temporaries, resident in each thread's arena otherwise
+                trim_heap()
             return out
 
 
 _POOL = ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1), thread_name_prefix="metrics-render")
 """Renders and compresses stale vector families side by side."""
-
-def _load_trim() -> Callable[[], object] | None:
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    return lambda: trim(0)
-
-
-_MALLOC_TRIM = _load_trim()
-
-
-def _trim() -> None:
-    """Give the heap's free pages back to the system after a render: glibc keeps the high-water mark
-    of the render's temporaries (in each thread's arena) resident otherwise."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM()
 
 
 _Kept = tuple[_Rows, bytes, Segment]

@@ -38,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
+from exporters.heap import trim_heap
 from exporters.http.admin import PREDICTION
 from exporters.http.app import create_app
 from exporters.http.common import ApiConfig
@@ -433,38 +434,6 @@ class Service:
         if fs.topology is not None:
             return f"emulated from {fs.topology}"
         return f"emulated {fs.fattree_levels}-level fat-tree, radix {fs.fattree_radix}"
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        fn = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def trim_heap() -> bool:
-    """Give the free memory of the C heap back to the system (glibc ``malloc_trim(0)``); False elsewhere.
-
-    Called after every heavy sweep, whose temporaries (discovery, routing, programming,
-    verification) leave a high-water mark of freed but resident pages in malloc's
-    arenas. The number of arenas is ``MALLOC_ARENA_MAX``, read by glibc when the process
-    starts, so it can only be set in the environment that starts ``ibfm serve`` (for
-    instance ``Environment=MALLOC_ARENA_MAX=2`` in a systemd unit): fewer arenas hold
-    less freed memory across the worker threads, for a little lock contention.
-    """
-    if _MALLOC_TRIM is None:
-        return False
-    _MALLOC_TRIM(0)
-    return True
 
 
 _WARN_EVENTS = {"link_down", "node_removed", "port_held_down", "routing_failed", "credit_loop_found", "sweep_failed"}

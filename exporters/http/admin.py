@@ -34,8 +34,8 @@ from exporters.http.common import (
 from exporters.http.congestion import check_pattern_spec, predicted_report
 from exporters.http.openapi import API_PREFIX
 from exporters.http.state import current_view
-from exporters.http.view import PHYS_NAMES, STATE_NAMES, SnapshotView
-from fabric.model import NO_PEER, SPEED_GBPS, WIDTH_LANES, WIDTH_NAMES, Speed
+from exporters.http.view import _SPEED_NAME, PHYS_NAMES, STATE_NAMES, SnapshotView
+from fabric.model import NO_PEER, SPEED_GBPS, WIDTH_LANES, WIDTH_NAMES, lanes_of, link_gbps
 from sm.analysis.flowmodel import CongestionReport
 from sm.perf.perfmgr import UNITS
 
@@ -52,10 +52,6 @@ ERROR_WINDOW_S = 60.0
 ERROR_KEYS = tuple(k for k, unit in UNITS.items() if unit == "events")
 """The PMA error counters (SymbolErrorCounter ... VL15Dropped, QP1Dropped): what ``ibqueryerrors`` checks."""
 
-_SPEED_NAME = {int(s): s.name for s in Speed}
-_LANES = np.zeros(256, np.int64)
-for _code, _lanes in WIDTH_LANES.items():
-    _LANES[_code] = _lanes
 _GBPS_PER_LANE = np.zeros(256, np.float64)
 for _speed, _gbps in SPEED_GBPS.items():
     _GBPS_PER_LANE[int(_speed)] = _gbps
@@ -74,12 +70,9 @@ class _LinkTable:
     degraded: npt.NDArray[np.bool_]
 
 
-_LINK_TABLES: weakref.WeakKeyDictionary[SnapshotView, _LinkTable] = weakref.WeakKeyDictionary()
-
-
 def link_table(v: SnapshotView) -> _LinkTable:
     """Capability and degradation of every cable, computed once per snapshot as arrays."""
-    hit = _LINK_TABLES.get(v)
+    hit: _LinkTable | None = v.link_table
     if hit is not None:
         return hit
     f = v.fabric
@@ -91,9 +84,9 @@ def link_table(v: SnapshotView) -> _LinkTable:
     best_speed = np.minimum(f.speed_cap[a, pa], f.speed_cap[b, pb]).astype(np.int64)
     up = v.up[a, pa] & v.up[b, pb]
     act_speed = f.speed_active[a, pa].astype(np.int64)
-    slow = (_LANES[f.width_active[a, pa]] < _LANES[best_width]) | (act_speed < best_speed)
+    slow = (lanes_of(f.width_active[a, pa]) < lanes_of(best_width)) | (act_speed < best_speed)
     table = _LinkTable(best_width, best_speed, up & slow)
-    _LINK_TABLES[v] = table
+    v.link_table = table
     return table
 
 
@@ -137,7 +130,7 @@ async def list_linkinfo(request: web.Request) -> web.Response:
             **lf,
             "supported_width": best_w,
             "supported_speed": best_s,
-            "supported_gbps": round(WIDTH_LANES.get(bw, 0) * SPEED_GBPS.get(Speed(bs), 0.0), 3) if bs else 0.0,
+            "supported_gbps": round(link_gbps(bw, bs), 3),
             "degraded": bad,
             "why": _why(lf["width"], lf["speed"], best_w, best_s) if bad else None,
         })
@@ -300,7 +293,7 @@ async def list_hot(request: web.Request) -> web.Response:
     f = v.fabric
     pattern, report = await _prediction(request, v, spec)
     n, p = np.nonzero(v.up)  # transmitting ports with a cable and LinkUp
-    gbps = _LANES[f.width_active[n, p]] * _GBPS_PER_LANE[f.speed_active[n, p]]
+    gbps = lanes_of(f.width_active[n, p]) * _GBPS_PER_LANE[f.speed_active[n, p]]
     perf = request.app[PERFMGR]
     measured_gbps = np.full(n.size, np.nan)
     wait = np.full(n.size, np.nan)

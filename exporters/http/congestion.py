@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -89,15 +88,11 @@ def _build_pattern(fabric: Fabric, lids: Any, spec: str, parameter: str) -> tupl
 PREDICTIONS_KEPT = 4
 """Congestion reports kept per snapshot view by :func:`predicted_report` (the oldest asked goes first)."""
 
-_PREDICTED: weakref.WeakKeyDictionary[SnapshotView, OrderedDict[str, CongestionReport]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 async def predicted_report(v: SnapshotView, spec: str) -> CongestionReport:
     """The congestion model's report for pattern ``spec`` (checked) on this snapshot's routes, computed
     once per view in a worker thread; ApiError as :func:`_build_pattern` raises it."""
-    cache = _PREDICTED.setdefault(v, OrderedDict())
+    cache: OrderedDict[str, CongestionReport] = v.predicted
     hit = cache.get(spec)
     if hit is None:
 

@@ -91,6 +91,10 @@ class SnapshotView:
         self.plan = snap.partitions
         self.partition_items: list[dict[str, Any]] | None = None
         """Every partition as ``GET /partitions`` lists it (:mod:`exporters.http.partitions` fills it)."""
+        self.predicted: OrderedDict[str, Any] = OrderedDict()
+        """Congestion reports by pattern spec (:func:`exporters.http.congestion.predicted_report` fills it)."""
+        self.link_table: Any = None
+        """Capability and degradation of every cable (:func:`exporters.http.admin.link_table` fills it)."""
 
     # -- endpoints and nodes
 
