@@ -25,10 +25,9 @@ from __future__ import annotations
 import itertools
 import re
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +38,10 @@ import pytest
 from fabric.formats.netfile import parse_net
 from fabric.generate import degrade, dragonfly, fattree, random_regular, torus
 from fabric.model import Fabric
-from tests.conftest import free_port, need_ibsim, stop_process
+from tests.conftest import need_ibsim
 from tests.test_ibsim_election import Ibfm, wait_for
-from tests.test_ibsim_sm import REPO, SIM_SPEED, Sim, parse_ibroute, start_sim
+from tests.test_ibsim_sa import ibfm_serve_at
+from tests.test_ibsim_sm import SIM_SPEED, Sim, parse_ibroute, start_sim
 
 DIAGS = ("ibnetdiscover", "ibroute", "saquery", "smpquery")
 
@@ -63,26 +63,10 @@ CASES = {
 }
 
 
-@contextmanager
-def ibfm_serve(sim: Sim, host: str) -> Iterator[Ibfm]:
+def ibfm_serve(sim: Sim, host: str) -> AbstractContextManager[Ibfm]:
     """``ibfm serve --transport umad`` at ``host`` with no routing flag, for the block: the default
     chain must pick the layered engine by itself where ftree refuses."""
-    work = sim.work / "ibfm"
-    work.mkdir(exist_ok=True)
-    env = sim.proc.env(sim_host=host)
-    env["PYTHONPATH"] = str(REPO)
-    env["IBFM_PERFMGR__ENABLED"] = "false"
-    port = free_port()
-    log = work / "ibfm.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ibfm.cli", "serve", "--transport", "umad", "--listen", f"127.0.0.1:{port}",
-         "--sweep-interval", "30", "--guid2lid", str(work / "guid2lid")],
-        env=env, cwd=work, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        yield Ibfm(proc, port, log)
-    finally:
-        stop_process(proc)
+    return ibfm_serve_at(sim, None, host=host, sweep_interval=30)
 
 
 def tool(sim: Sim, host: str, *argv: str, timeout: float = 60.0) -> str:

@@ -241,20 +241,30 @@ def ibroute(sim: Sim, lid: int) -> IbrouteTable:
 
 
 @contextmanager
-def ibfm_serve_at(sim: Sim, guid2lid: Path, *, priority: int = 0, extra: tuple[str, ...] = ()) -> Iterator[Ibfm]:
-    """``ibfm serve --transport umad`` at the SM's host (LIDs from ``guid2lid``, ``extra`` flags) for the block."""
+def ibfm_serve_at(
+    sim: Sim,
+    guid2lid: Path | None,
+    *,
+    priority: int = 0,
+    extra: tuple[str, ...] = (),
+    host: str = SM_HOST,
+    sweep_interval: int = 10,
+) -> Iterator[Ibfm]:
+    """``ibfm serve --transport umad`` at ``host`` (LIDs from ``guid2lid``, if given; ``extra`` flags) for the
+    block."""
     work = sim.work / "ibfm"
     work.mkdir(exist_ok=True)
     g2l = work / "guid2lid"
-    shutil.copy(guid2lid, g2l)
-    env = sim.proc.env(sim_host=SM_HOST)
+    if guid2lid is not None:
+        shutil.copy(guid2lid, g2l)
+    env = sim.proc.env(sim_host=host)
     env["PYTHONPATH"] = str(REPO)
     env["IBFM_PERFMGR__ENABLED"] = "false"
     port = free_port()
     log = work / "ibfm.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ibfm.cli", "serve", "--transport", "umad", "--listen", f"127.0.0.1:{port}",
-         "--sweep-interval", "10", "--sm-priority", str(priority), "--guid2lid", str(g2l), *extra],
+         "--sweep-interval", str(sweep_interval), "--sm-priority", str(priority), "--guid2lid", str(g2l), *extra],
         env=env, cwd=work, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
