@@ -33,8 +33,8 @@ traced hop by hop through the LFT for all its cells at once. On a subnet small e
 column is traced with the snapshot's arrays, in one pass.
 
 A Get between two named ports (the usual one: no selector, SL or ServiceID) has a scalar path of
-its own, :meth:`PathRecordFamily.get1`, which the SA's receive thread takes without building the
-request objects; the partition keys it needs are cached by the ports' P_Key tables. It answers
+its own, made per snapshot by :meth:`PathRecordFamily.quick`, which the SA's receive thread takes
+without building the request objects; the partition keys it needs are cached by the ports' P_Key tables. It answers
 exactly what ``query`` does, and leaves it everything else.
 """
 
@@ -49,7 +49,7 @@ import numpy.typing as npt
 
 from fabric.mad.sa import SaAttr, SaMethod, SaStatus, component_bit
 from fabric.model import NodeType
-from sm.sa.server import MAX_TABLE_RECORDS, Rows, SaContext, SaError, SaRequest
+from sm.sa.server import MAX_TABLE_RECORDS, GetOne, Rows, SaContext, SaError, SaRequest
 
 DEFAULT_SUBNET_PREFIX = 0xFE80000000000000
 SUBNET_TIMEOUT = 18
@@ -550,7 +550,7 @@ _UNKNOWN = (-1, -1)
 """A requester that is no end port of the snapshot."""
 
 _GET1_LEAVES = _SERVICE_ID | _RAW | _SL | _MTU_SEL | _MTU | _RATE_SEL | _RATE | _PLT_SEL | _PLT
-"""Components :meth:`PathRecordFamily.get1` leaves to :meth:`~PathRecordFamily.query`; the others it
+"""Components the fast path (:func:`_get1_of`) leaves to :meth:`~PathRecordFamily.query`; the others it
 takes either name an end (GIDs, LIDs), are P_Key or Reversible, or are ones ``query`` ignores too."""
 _ENDS = struct.Struct(">Q8xQQQQHH")
 """A request's component mask, then its DGID (prefix, GUID), SGID, DLID and SLID (MAD offset 48)."""
@@ -593,6 +593,68 @@ def _pairs(ns: int, nd: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]
                 di.append(j)
                 pref.append(2)
     return np.array(si, np.intp), np.array(di, np.intp), np.array(pref, np.uint8)
+
+
+def _get1_of(b: _Base) -> GetOne:
+    """For snapshot arrays ``b``: write the record a Get selects over its data, for the common requests.
+
+    The Get is the MAD at ``at`` in ``buf`` (at least 120 bytes), from LID ``lid``. Both ends named (by
+    GID, LID or both, one LID each), no selector, SL, ServiceID or RawTraffic, and a path found: the
+    record :meth:`PathRecordFamily.query` answers (its ``_one``), computed with scalars and packed at
+    ``at + 56``; True. Anything else (another request, no record, an error status) writes nothing and
+    is False: ``query`` answers it. The snapshot's arrays are bound here once: this runs per request on
+    the umad receive thread, where every call and attribute lookup counts (tests/test_sa_path.py pins
+    that it answers as ``query`` does, byte for byte).
+    """
+    ep1, ep_of_lid1, gid_bytes = b.ep1, b.ep_of_lid1, b.gid_bytes
+    nlid, lids_only = len(b.ep_of_lid1), b.span != 1
+    plan, pk_class, layers, levels, entry1 = b.plan, b.pk_class, b.layers, b.levels, b.entry1
+    unpack, pack_into, code_of_rank = _ENDS.unpack_from, _RECORD.pack_into, _CODE_OF_RANK1
+
+    def get1(buf: memoryview, at: int, lid: int) -> bool:
+        mask, dpre, dguid, spre, sguid, dlid, slid = unpack(buf, at + 48)
+        if mask & _GET1_LEAVES:
+            return False
+        src = _end1(b, mask & _SGID, mask & _SLID, spre, sguid, slid)
+        dst = _end1(b, mask & _DGID, mask & _DLID, dpre, dguid, dlid)
+        if src < 0 or dst < 0 or (lids_only and mask & (_SLID | _DLID) != _SLID | _DLID):
+            return False
+        s1 = ep1[src]
+        d1 = ep1[dst]
+        if not mask & _SLID:
+            slid = s1[7]
+        if not mask & _DLID:
+            dlid = d1[7]
+        mtu, rank = path_value1(b, src, dlid)
+        if not mtu:
+            return False
+        want = buf[at + 106] << 8 | buf[at + 107] if mask & _PKEY else None
+        if plan is None:
+            pkey = DEFAULT_PKEY if want is None else want if want & 0x7FFF == 0x7FFF else None
+        else:  # as _one: the asker reaches both ends, then pair_pkey over the cached shared keys
+            asker = ep_of_lid1[lid] if 0 < lid < nlid else -1
+            if asker < 0:
+                return False
+            pkey = _pkey1(b, plan, pk_class[asker], pk_class[src], pk_class[dst], want)
+        if pkey is None:
+            return False
+        rev = path_value1(b, dst, slid)[0] > 0
+        if not rev and mask & _REVERSIBLE and buf[at + 105] & 0x80:
+            return False
+        sl = None  # path_sl: the route's layer, else the QoS level's SL, else DEFAULT_SL
+        if layers is not None:
+            row = entry1[src]
+            if row >= 0 and 0 < dlid < layers.shape[1]:
+                sl = int(layers[row, dlid])
+        if sl is None:
+            sl = (levels.level_sl((s1[5], s1[6]), (d1[5], d1[6]), pkey) if levels is not None else None) or DEFAULT_SL
+        pack_into(
+            buf, at + 56, gid_bytes[dst], gid_bytes[src], dlid, slid, 0x80 if rev else 0, pkey, sl & 0xF,
+            0x80 | mtu, 0x80 | code_of_rank[rank], 0x80 | (0 if src == dst else SUBNET_TIMEOUT),
+        )  # fmt: skip
+        return True
+
+    return get1
 
 
 class PathRecordFamily:
@@ -679,62 +741,16 @@ class PathRecordFamily:
                     raise SaError(SaStatus.ERR_NO_RESOURCES, "every path of the subnet: too many records")
         return np.concatenate(out) if out else np.zeros((0, 64), np.uint8)
 
-    def get1(self, cache: dict[str, Any], snap: Any, raw: bytes, lid: int) -> bytes | None:
-        """The record a Get MAD ``raw`` from LID ``lid`` selects, for the common requests, or None.
-
-        The SA's fast path (:meth:`SaServer.take_inline`), on the per-snapshot arrays ``cache``
-        holds: both ends named (by GID, LID or both, one LID each), no selector, SL, ServiceID or
-        RawTraffic, and a path found. It answers what :meth:`query` answers (its ``_one``), with
-        scalars; anything else (another request, no record, an error status) is None and goes to
-        :meth:`query`.
-        """
-        b: _Base | None = cache.get("pr:base")
-        if b is None or len(raw) < 120:
-            return None
-        mask, dpre, dguid, spre, sguid, dlid, slid = _ENDS.unpack_from(raw, 48)
-        if mask & _GET1_LEAVES:
-            return None
-        src = _end1(b, mask & _SGID, mask & _SLID, spre, sguid, slid)
-        dst = _end1(b, mask & _DGID, mask & _DLID, dpre, dguid, dlid)
-        if src < 0 or dst < 0 or (b.span != 1 and mask & (_SLID | _DLID) != _SLID | _DLID):
-            return None
-        s1, d1 = b.ep1[src], b.ep1[dst]
-        if not mask & _SLID:
-            slid = s1[7]
-        if not mask & _DLID:
-            dlid = d1[7]
-        mtu, rank = path_value1(b, src, dlid)
-        if not mtu:
-            return None
-        want = int.from_bytes(raw[106:108], "big") if mask & _PKEY else None
-        plan = b.plan
-        if plan is None:
-            pkey = DEFAULT_PKEY if want is None else want if want & 0x7FFF == 0x7FFF else None
-        else:  # as _one: the asker reaches both ends, then pair_pkey over the cached shared keys
-            n = len(b.ep_of_lid1)
-            asker = b.ep_of_lid1[lid] if 0 < lid < n else -1
-            if asker < 0:
+    def quick(self, cache: dict[str, Any]) -> GetOne | None:
+        """The SA's fast path (:meth:`SaServer.take_inline`) for this snapshot: :func:`_get1_of` its
+        arrays, made once; None while they are not built."""
+        got = cache.get("pr:get1")
+        if got is None:
+            b: _Base | None = cache.get("pr:base")
+            if b is None:
                 return None
-            pkey = _pkey1(b, plan, b.pk_class[asker], b.pk_class[src], b.pk_class[dst], want)
-        if pkey is None:
-            return None
-        rev = path_value1(b, dst, slid)[0] > 0
-        if not rev and mask & _REVERSIBLE and raw[105] & 0x80:
-            return None
-        sl = None  # path_sl: the route's layer, else the QoS level's SL, else DEFAULT_SL
-        layers = b.layers
-        if layers is not None:
-            row = b.entry1[src]
-            if row >= 0 and 0 < dlid < layers.shape[1]:
-                sl = int(layers[row, dlid])
-        if sl is None:
-            levels = b.levels
-            sl = (levels.level_sl((s1[5], s1[6]), (d1[5], d1[6]), pkey) if levels is not None else None) or DEFAULT_SL
-        plt = 0 if src == dst else SUBNET_TIMEOUT
-        return _RECORD.pack(
-            b.gid_bytes[dst], b.gid_bytes[src], dlid, slid, 0x80 if rev else 0, pkey, sl & 0xF, 0x80 | mtu,
-            0x80 | _CODE_OF_RANK1[rank], 0x80 | plt,
-        )  # fmt: skip
+            got = cache["pr:get1"] = _get1_of(b)
+        return got  # type: ignore[no-any-return]
 
     @staticmethod
     def _requester(ctx: SaContext, b: _Base, lid: int) -> tuple[int, int] | None:
@@ -934,7 +950,7 @@ class PathRecordFamily:
 
 
 def _end1(b: _Base, by_gid: int, by_lid: int, prefix: int, guid: int, lid: int) -> int:
-    """:meth:`PathRecordFamily._end` for :meth:`~PathRecordFamily.get1`: the end port a side names
+    """:meth:`PathRecordFamily._end` for the fast path (:func:`_get1_of`): the end port a side names
     (``by_gid``, ``by_lid``: whether its GID, its LID are in the mask), -1 for anything else (unnamed,
     unknown, a GID and a LID of two ports)."""
     ep = -1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -66,7 +67,12 @@ _RESPONSE: dict[int, int] = {
 }
 _RMPP_CONTROL = (int(RmppType.ACK), int(RmppType.STOP), int(RmppType.ABORT))
 _INLINE_METHODS = (int(SaMethod.GET), int(SaMethod.GET_TABLE))
-_GET = int(SaMethod.GET)
+_GET_HEAD = int.from_bytes(bytes((BASE_VERSION, SA_CLASS, SA_CLASS_VERSION, int(SaMethod.GET))), "big")
+"""The first four bytes of a Get of ours to answer: base version, class, class version, method."""
+_QUICK_HEAD = struct.Struct(">I12xH6xI")
+"""Of a MAD: its first four bytes, its attribute ID and its RMPP header's first word (offset 24)."""
+_RMPP_HEAD = 0xFFFFFF00
+"""RMPP version, type and flags: zero in a plain request."""
 _GET_RESP_STATUS_OK = bytes((int(SaMethod.GET_RESP), 0, 0))
 """A GetResp's method and status words, as a Get's answer starts at byte 3."""
 _ANSWER_ZEROS = bytes(20)
@@ -100,9 +106,10 @@ class SaRequest:
         return self.mad.component_mask
 
 
-GetOne = Callable[[dict[str, Any], Any, bytes, int], bytes | None]
-"""A family's fast path for a Get (optional ``get1``): (the snapshot's tables, the snapshot, the MAD,
-the asker's LID) -> the one record the Get selects, or None to leave the request to ``query``."""
+GetOne = Callable[[memoryview, int, int], bool]
+"""A family's fast path for a Get, made for one snapshot by its optional ``quick(tables)``: (a buffer,
+where the MAD starts in it, the asker's LID) -> whether it wrote the one record the Get selects over
+the MAD's data (offset 56); False (nothing written) leaves the request to ``query``."""
 
 
 class Family(Protocol):
@@ -206,23 +213,57 @@ class SaServer:
         """(snapshot, the tables the families built for it)."""
         self._out: dict[tuple[int, int, int], _Outgoing] = {}
         self.kernel_rmpp = bool(getattr(transport, "kernel_rmpp", False))
-        self._inline: dict[int, tuple[Callable[[dict[str, Any]], bool], GetOne | None, bytes]] = {}
-        """Attribute -> (warm, get1, AttributeOffset bytes) of the families answered off the event loop."""
+        self._inline: dict[int, tuple[Callable[[dict[str, Any]], bool], Any, bytes, int]] = {}
+        """Attribute -> (warm, quick, AttributeOffset bytes, a one-record answer's length) of the families
+        answered off the event loop."""
         for attr, f in self.families.items():
             warm = getattr(f, "warm", None)
             if getattr(f, "reads_only", False) and warm is not None:
-                self._inline[attr] = (warm, getattr(f, "get1", None), ((f.size + 7) // 8).to_bytes(2, "big"))
+                words = ((f.size + 7) // 8).to_bytes(2, "big")
+                self._inline[attr] = (warm, getattr(f, "quick", None), words, SA_DATA_OFFSET + f.size)
+        self._quick: tuple[Any, GetOne, int, bytes, int] | None = None
+        """(snapshot, its Get fast path, attribute, an answer's bytes 24 to 46: RMPP header and SM_Key
+        zeroed, AttributeOffset; the answer's length) of the family with one (PathRecord), once its
+        tables for the current snapshot are built."""
 
     # -- entry ----------------------------------------------------------------------
+
+    def answer_in_place(self, buf: memoryview, at: int, n: int, lid: int) -> int:
+        """The transport's fastest path (``serve(in_place=)``, its receive thread): a Get its family
+        answers with its ``quick`` function (a PathRecord between two named ports), the ``n``-byte
+        MAD at ``at`` in ``buf`` from LID ``lid`` turned into its answer where it lies: the request's
+        header with the response's fields, and the record. Returns the answer's length; 0 (``buf``
+        untouched) for anything else, which goes to :meth:`take_inline`. Counted as :meth:`_answer`
+        and :meth:`_send` count an answer.
+        """
+        q = self._quick
+        if q is None:
+            return 0
+        snap, get1, attr, tail, length = q
+        if n < length:
+            return 0
+        head, attr_id, rmpp = _QUICK_HEAD.unpack_from(buf, at)
+        if head != _GET_HEAD or attr_id != attr or rmpp & _RMPP_HEAD or snap is not self._snapshot():
+            return 0
+        if not self._ready() or not get1(buf, at, lid):
+            return 0
+        buf[at + 3 : at + 6] = _GET_RESP_STATUS_OK
+        buf[at + 24 : at + 46] = tail
+        st = self.stats
+        st.received += 1
+        st.by_attr[attr] += 1
+        st.records += 1
+        st.answered += 1
+        st.status[0] += 1
+        return length
 
     def take_inline(self, raw: bytes, src: MadAddress) -> bool:
         """The transport's fast path (its receive thread): a Get or GetTable of a family that reads only
         the snapshot, answered right there with no hop to the event loop; False for anything else
         (Sets, Deletes, the stateful families, RMPP we run ourselves), which goes the usual way.
 
-        A Get its family answers with ``get1`` (a PathRecord between two named ports) skips the
-        parse into :class:`SaMad` and the request objects: the answer is the request's header with the
-        response's fields, and the record; what ``get1`` leaves goes to :meth:`take`.
+        Once the tables of the current snapshot are built, a family's ``quick`` function (a Get
+        between two named ports) is kept for :meth:`answer_in_place`.
         """
         if (
             not self.kernel_rmpp
@@ -236,36 +277,17 @@ class SaServer:
         inline = self._inline.get(attr)
         if inline is None:
             return False
-        warm, get1, offset = inline
+        warm, quick, offset, length = inline
         # A table not built yet for this snapshot is built on the event loop (a second of numpy on a
         # large fabric must not hold up the answers to the sweep's SMPs on this thread).
         snap, cache = self._cached
         if snap is None or snap is not self._snapshot() or not warm(cache):
             return False
-        if (
-            get1 is not None
-            and raw[3] == _GET
-            and raw[0] == BASE_VERSION
-            and raw[2] == SA_CLASS_VERSION
-            and len(raw) <= 256
-            and self._ready()
-        ):
-            rec = get1(cache, snap, raw, src.lid)
-            if rec is not None:  # as take, _answer and _send count and answer it
-                st = self.stats
-                st.received += 1
-                st.by_attr[attr] += 1
-                st.records += 1
-                head = (raw[:3], _GET_RESP_STATUS_OK, raw[6:24], _ANSWER_ZEROS, offset, raw[46:SA_DATA_OFFSET], rec)
-                try:
-                    self.transport.reply(b"".join(head), src)
-                except Exception as e:  # the host is gone, the transport closed: counted, never raised
-                    st.dropped += 1
-                    log.debug("SA answer to LID %#x not sent: %s", src.lid, e)
-                    return True
-                st.answered += 1
-                st.status[0] += 1
-                return True
+        q = self._quick
+        if quick is not None and (q is None or q[0] is not snap):
+            get1 = quick(cache)
+            if get1 is not None:  # from the next request on, answer_in_place answers its Gets
+                self._quick = (snap, get1, attr, _ANSWER_ZEROS + offset, length)
         return self.take(raw, src, snap=snap)
 
     def take(self, raw: bytes, src: MadAddress, *, snap: Any = None) -> bool:

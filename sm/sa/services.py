@@ -3,9 +3,10 @@
 ``ibfm serve``, ``ibfm sm`` and the tests all serve a manager's port the
 same way: SA requests (class 0x03) to a :class:`~sm.sa.server.SaServer`
 answering from the manager's snapshot while it is master, the SA's
-read-only queries inline where the transport allows it, SMInfo to the
-manager's :class:`~sm.election.elector.Elector`, and InformInfo
-subscribers told of ports and links through the manager's events.
+read-only queries inline where the transport allows it (a PathRecord Get
+answered over the request itself), SMInfo to the manager's
+:class:`~sm.election.elector.Elector`, and InformInfo subscribers told of
+ports and links through the manager's events.
 """
 
 from __future__ import annotations
@@ -74,5 +75,5 @@ def serve_port(transport: WindowedTransport, manager: FabricManager) -> SmServic
     def dispatch(mad: bytes, src: MadAddress) -> bool:
         return sa.take(mad, src) if mad[1] == SA_CLASS else el.take(mad, src)
 
-    transport.serve(dispatch, inline=sa.take_inline)
+    transport.serve(dispatch, inline=sa.take_inline, in_place=sa.answer_in_place)
     return SmServices(sa, reporter, store)

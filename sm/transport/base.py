@@ -117,6 +117,12 @@ Responder = Callable[[bytes, MadAddress], bool]
 """A service for requests that arrive (``serve``): called on the event loop with the MAD and its
 sender; returns True when it takes the MAD (it answers through ``reply``), False to have it refused."""
 
+InPlace = Callable[[memoryview, int, int, int], int]
+"""A service that answers a request over the request itself (``serve(in_place=)``), on the receive
+thread of a transport that has one: given the receive buffer, where the MAD starts in it, its length
+and the sender's LID, it writes its answer there and returns the answer's length; 0 leaves the buffer
+as it was and the MAD to the other services."""
+
 
 class TransportError(IbfmError):
     """The transport itself failed (no device, port busy, closed)."""
@@ -150,6 +156,8 @@ class TransportStats:
     """Requests of others handed to the SM's services (SMInfo, SA), which answer them."""
     replies: int = 0
     """Answers those services sent back."""
+    reply_errors: int = 0
+    """Answers written in place (``serve(in_place=)``) that the port refused to send."""
     refused: int = 0
     """Requests of others (not traps) that arrived: answered with an error status, or dropped."""
     busy: int = 0
@@ -235,6 +243,7 @@ class WindowedTransport(ABC):
         self._batches: set[_Batch] = set()
         self._responder: Responder | None = None
         self._inline: Responder | None = None
+        self._in_place: InPlace | None = None
         self.trap_peek: Callable[[bytes], None] | None = None
         """Sees every trap where it arrives (the receive thread for umad) before it is queued: what must
         react within milliseconds (an SM announcing itself) cannot wait for the event loop."""
@@ -331,15 +340,19 @@ class WindowedTransport(ABC):
 
     # -- serving --------------------------------------------------------------
 
-    def serve(self, responder: Responder | None, *, inline: Responder | None = None) -> None:
+    def serve(
+        self, responder: Responder | None, *, inline: Responder | None = None, in_place: InPlace | None = None
+    ) -> None:
         """Hand requests that arrive (those that are not traps) to ``responder``; None stops it.
 
-        Without a responder every such request is refused, as before. ``inline`` is tried first
-        where requests arrive on a thread of the transport's own (umad): what it takes is answered
-        there, without waking the event loop; it must be thread-safe and quick.
+        Without a responder every such request is refused, as before. Where requests arrive on a
+        thread of the transport's own (umad), ``in_place`` and then ``inline`` are tried first: what
+        they take is answered there, without waking the event loop (an answer ``in_place`` wrote goes
+        back from the receive buffer, along the request's own path); they must be thread-safe and quick.
         """
         self._responder = responder
         self._inline = inline if responder is not None else None
+        self._in_place = in_place if responder is not None else None
 
     def reply(self, mad: bytes, to: MadAddress) -> None:
         """Send an answer (or an RMPP segment, or a Report's ACK) to ``to`` as is: no TID, window or retry."""

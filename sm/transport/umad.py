@@ -136,6 +136,13 @@ _ADDR_OFFSET = 20
 _ADDR_HEAD = struct.Struct(">IIHB")
 """The head of ``struct ib_mad_addr`` in a umad buffer: QPN, Q_Key, LID (network order) and SL."""
 _PKEY_INDEX = _ADDR_OFFSET + _MadAddr.pkey_index.offset
+_QKEY = _ADDR_OFFSET + _MadAddr.qkey.offset
+_LID = _ADDR_OFFSET + _MadAddr.lid.offset
+_NO_QKEY = bytes(4)
+_GSI_QKEY = GSI_QKEY.to_bytes(4, "big")
+_BURST = 16
+"""Most MADs the receive thread takes in a row without blocking before it sends the answers it holds
+and checks its deadlines."""
 
 
 class _UmadPort(ctypes.Structure):
@@ -769,13 +776,24 @@ class UmadTransport(WindowedTransport):
         next_check = 0.0
         wait_ms = 0
         stopping = self._stop.is_set
+        held: list[tuple[bytes, int]] = []
+        burst = 0
         while not stopping():
             length.value = MAD_SIZE
             rc = recv(portid, buf, plen, wait_ms)
             if rc >= 0:
+                n = length.value
                 # struct ib_user_mad.status set: a send the kernel gave back (e.g. no path), nothing came in
-                if not int.from_bytes(view[4:8], order) and not self._received(buf, view, length.value):
-                    break
+                if not int.from_bytes(view[4:8], order):
+                    k = self._answer_in_place(view, n)
+                    if k:  # a PathRecord Get, say: its answer now stands where it was asked
+                        self._back(buf, view, k, held if not wait_ms else None)
+                    elif not self._received(buf, view, n):
+                        break
+                burst += 1
+                if burst < _BURST:  # more waiting? (asked without a wait: else what is held goes)
+                    wait_ms = 0
+                    continue
             elif rc in (-errno.ETIMEDOUT, -errno.EINTR, -errno.EAGAIN):
                 pass
             elif rc == -errno.ENOSPC:  # an RMPP answer bigger than a MAD; not ours to take
@@ -785,6 +803,9 @@ class UmadTransport(WindowedTransport):
                 log.error("umad_recv on %s/%s failed: %s", self.ca_name, self.port_num, _err(rc))
                 if self._stop.wait(0.1):
                     break
+            burst = 0
+            if held:
+                self._send_held(buf, view, held)
             now = monotonic()
             if now >= next_check:
                 if self._sink >= 0:
@@ -852,6 +873,54 @@ class UmadTransport(WindowedTransport):
             return True
         self._refuse_from(mad, src)
         return True
+
+    def _answer_in_place(self, view: memoryview, n: int) -> int:
+        """The service's answer written over the request in the receive buffer (``serve(in_place=)``):
+        its length, 0 when there is none (the buffer is as it came)."""
+        in_place = self._in_place
+        if in_place is None:
+            return 0
+        try:
+            return in_place(view, self._hdr_size, n, view[_LID] << 8 | view[_LID + 1])
+        except Exception:  # the service's bug: the request still goes the usual way
+            log.exception("in-place service failed on a request from LID %#x", view[_LID] << 8 | view[_LID + 1])
+            return 0
+
+    def _back(
+        self, buf: ctypes.Array[ctypes.c_char], view: memoryview, k: int, hold: list[tuple[bytes, int]] | None
+    ) -> None:
+        """Send the ``k``-byte answer standing in the receive buffer back where its request came from.
+
+        The buffer's address is the request's (struct ib_mad_addr as the kernel wrote it: the sender's
+        QPN, LID, SL, path bits, P_Key index and GRH), so the answer takes the request's path back with
+        nothing built; a zero Q_Key becomes the GSI's, as :meth:`_reply` does. Into ``hold`` (address and
+        answer) instead when more requests may be waiting: they go together, one wake-up of the peer
+        (ibsim, a host's stack) for many. The receive thread's own buffer: no lock.
+        """
+        agent = self._agents.get(view[self._hdr_size + 1])
+        if agent is None:
+            self.stats.malformed += 1
+            return
+        self.stats.served += 1
+        if view[_QKEY : _QKEY + 4] == _NO_QKEY:
+            view[_QKEY : _QKEY + 4] = _GSI_QKEY
+        if hold is not None:
+            hold.append((view[_ADDR_OFFSET : self._hdr_size + k].tobytes(), agent))
+            return
+        self.stats.replies += 1
+        if self._umad_send(self._portid, agent, buf, k, 0, 0) < 0:  # the host gone: counted, never raised
+            self.stats.reply_errors += 1
+
+    def _send_held(self, buf: ctypes.Array[ctypes.c_char], view: memoryview, held: list[tuple[bytes, int]]) -> None:
+        """Send the answers :meth:`_back` held, from the receive buffer, and forget them."""
+        lead = self._hdr_size - _ADDR_OFFSET
+        send, portid, st = self._umad_send, self._portid, self.stats
+        for head, agent in held:
+            view[_ADDR_OFFSET : _ADDR_OFFSET + len(head)] = head
+            st.replies += 1
+            if send(portid, agent, buf, len(head) - lead, 0, 0) < 0:
+                st.reply_errors += 1
+        held.clear()
 
     def _source(self, view: memoryview) -> MadAddress:
         """Where the MAD in the receive buffer came from: struct ib_user_mad's addr (struct ib_mad_addr)
