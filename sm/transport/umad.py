@@ -787,7 +787,7 @@ class UmadTransport(WindowedTransport):
                 if not int.from_bytes(view[4:8], order):
                     k = self._answer_in_place(view, n)
                     if k:  # a PathRecord Get, say: its answer now stands where it was asked
-                        self._back(buf, view, k, held if not wait_ms else None)
+                        self._back(buf, view, k, held, now=wait_ms > 0)
                     elif not self._received(buf, view, n):
                         break
                 burst += 1
@@ -880,21 +880,22 @@ class UmadTransport(WindowedTransport):
         in_place = self._in_place
         if in_place is None:
             return 0
+        lid = view[_LID] << 8 | view[_LID + 1]
         try:
-            return in_place(view, self._hdr_size, n, view[_LID] << 8 | view[_LID + 1])
+            return in_place(view, self._hdr_size, n, lid)
         except Exception:  # the service's bug: the request still goes the usual way
-            log.exception("in-place service failed on a request from LID %#x", view[_LID] << 8 | view[_LID + 1])
+            log.exception("in-place service failed on a request from LID %#x", lid)
             return 0
 
     def _back(
-        self, buf: ctypes.Array[ctypes.c_char], view: memoryview, k: int, hold: list[tuple[bytes, int]] | None
+        self, buf: ctypes.Array[ctypes.c_char], view: memoryview, k: int, held: list[tuple[bytes, int]], *, now: bool
     ) -> None:
         """Send the ``k``-byte answer standing in the receive buffer back where its request came from.
 
         The buffer's address is the request's (struct ib_mad_addr as the kernel wrote it: the sender's
         QPN, LID, SL, path bits, P_Key index and GRH), so the answer takes the request's path back with
-        nothing built; a zero Q_Key becomes the GSI's, as :meth:`_reply` does. Into ``hold`` (address and
-        answer) instead when more requests may be waiting: they go together, one wake-up of the peer
+        nothing built; a zero Q_Key becomes the GSI's, as :meth:`_reply` does. Held (address and answer)
+        unless ``now``, while more requests may be waiting: they go together, one wake-up of the peer
         (ibsim, a host's stack) for many. The receive thread's own buffer: no lock.
         """
         agent = self._agents.get(view[self._hdr_size + 1])
@@ -904,12 +905,9 @@ class UmadTransport(WindowedTransport):
         self.stats.served += 1
         if view[_QKEY : _QKEY + 4] == _NO_QKEY:
             view[_QKEY : _QKEY + 4] = _GSI_QKEY
-        if hold is not None:
-            hold.append((view[_ADDR_OFFSET : self._hdr_size + k].tobytes(), agent))
-            return
-        self.stats.replies += 1
-        if self._umad_send(self._portid, agent, buf, k, 0, 0) < 0:  # the host gone: counted, never raised
-            self.stats.reply_errors += 1
+        held.append((view[_ADDR_OFFSET : self._hdr_size + k].tobytes(), agent))
+        if now:
+            self._send_held(buf, view, held)
 
     def _send_held(self, buf: ctypes.Array[ctypes.c_char], view: memoryview, held: list[tuple[bytes, int]]) -> None:
         """Send the answers :meth:`_back` held, from the receive buffer, and forget them."""
@@ -918,7 +916,7 @@ class UmadTransport(WindowedTransport):
         for head, agent in held:
             view[_ADDR_OFFSET : _ADDR_OFFSET + len(head)] = head
             st.replies += 1
-            if send(portid, agent, buf, len(head) - lead, 0, 0) < 0:
+            if send(portid, agent, buf, len(head) - lead, 0, 0) < 0:  # the host gone: counted, never raised
                 st.reply_errors += 1
         held.clear()
 
