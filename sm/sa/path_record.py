@@ -606,18 +606,29 @@ def _get1_of(b: _Base) -> GetOne:
     the umad receive thread, where every call and attribute lookup counts (tests/test_sa_path.py pins
     that it answers as ``query`` does, byte for byte).
     """
-    ep1, ep_of_lid1, gid_bytes = b.ep1, b.ep_of_lid1, b.gid_bytes
+    ep1, ep_of_lid1, gid_bytes, cols1 = b.ep1, b.ep_of_lid1, b.gid_bytes, b.cols1
     nlid, lids_only = len(b.ep_of_lid1), b.span != 1
     plan, pk_class, layers, levels, entry1 = b.plan, b.pk_class, b.layers, b.levels, b.entry1
     unpack, pack_into, code_of_rank = _ENDS.unpack_from, _RECORD.pack_into, _CODE_OF_RANK1
+    # Per end port, the switch row whose column cell is its path value (path_value1's common case: a
+    # port whose packets enter a switch); -1 where path_value1 has to decide.
+    via = [first if first >= 0 and (is_sw or peer_row >= 0) else -1 for first, _, _, is_sw, peer_row, *_ in ep1]
+    both_lids = _SLID | _DLID
 
     def get1(buf: memoryview, at: int, lid: int) -> bool:
         mask, dpre, dguid, spre, sguid, dlid, slid = unpack(buf, at + 48)
         if mask & _GET1_LEAVES:
             return False
-        src = _end1(b, mask & _SGID, mask & _SLID, spre, sguid, slid)
-        dst = _end1(b, mask & _DGID, mask & _DLID, dpre, dguid, dlid)
-        if src < 0 or dst < 0 or (lids_only and mask & (_SLID | _DLID) != _SLID | _DLID):
+        # _end1, its LID-only case inline (the calls count here)
+        if mask & _SGID:
+            src = _end1(b, 1, mask & _SLID, spre, sguid, slid)
+        else:
+            src = ep_of_lid1[slid] if mask & _SLID and 0 < slid < nlid else -1
+        if mask & _DGID:
+            dst = _end1(b, 1, mask & _DLID, dpre, dguid, dlid)
+        else:
+            dst = ep_of_lid1[dlid] if mask & _DLID and 0 < dlid < nlid else -1
+        if src < 0 or dst < 0 or (lids_only and mask & both_lids != both_lids):
             return False
         s1 = ep1[src]
         d1 = ep1[dst]
@@ -625,7 +636,20 @@ def _get1_of(b: _Base) -> GetOne:
             slid = s1[7]
         if not mask & _DLID:
             dlid = d1[7]
-        mtu, rank = path_value1(b, src, dlid)
+        # path_value1 both ways, its column case inline: a cell of each column, capped by the end's link
+        row = via[src]
+        col = cols1.get(dlid) if row >= 0 and src != dst else None
+        if col is None:
+            mtu, rank = path_value1(b, src, dlid)
+        else:
+            mtu = col[0][row]
+            rank = col[1][row]
+            if s1[1] < mtu:
+                mtu = s1[1]
+            if s1[2] < rank:
+                rank = s1[2]
+            if not rank:
+                mtu = 0
         if not mtu:
             return False
         want = buf[at + 106] << 8 | buf[at + 107] if mask & _PKEY else None
@@ -638,7 +662,11 @@ def _get1_of(b: _Base) -> GetOne:
             pkey = _pkey1(b, plan, pk_class[asker], pk_class[src], pk_class[dst], want)
         if pkey is None:
             return False
-        rev = path_value1(b, dst, slid)[0] > 0
+        row = via[dst]
+        col = cols1.get(slid) if row >= 0 and src != dst else None
+        rev = (
+            path_value1(b, dst, slid)[0] > 0 if col is None else bool(col[0][row] and col[1][row] and d1[1] and d1[2])
+        )
         if not rev and mask & _REVERSIBLE and buf[at + 105] & 0x80:
             return False
         sl = None  # path_sl: the route's layer, else the QoS level's SL, else DEFAULT_SL
