@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -208,7 +209,13 @@ class SaServer:
         self.store = store
         self.sm_key = sm_key
         self.sm = sm
-        self.stats = SaStats()
+        self._stats = SaStats()
+        self._placed = 0
+        """Answers :meth:`answer_in_place` wrote (only the receive thread adds): folded into the stats when
+        they are read, as one increment per answer costs more than the rest of its bookkeeping."""
+        self._folded = 0
+        self._placed_attr = 0
+        self._fold_lock = threading.Lock()
         self._cached: tuple[Any, dict[str, Any]] = (None, {})
         """(snapshot, the tables the families built for it)."""
         self._out: dict[tuple[int, int, int], _Outgoing] = {}
@@ -226,6 +233,25 @@ class SaServer:
         zeroed, AttributeOffset; the answer's length) of the family with one (PathRecord), once its
         tables for the current snapshot are built."""
 
+    @property
+    def stats(self) -> SaStats:
+        """The counters, with the answers written in place so far."""
+        if self._placed != self._folded:
+            self._fold()
+        return self._stats
+
+    def _fold(self) -> None:
+        with self._fold_lock:
+            d = self._placed - self._folded
+            if d:
+                self._folded += d
+                st = self._stats
+                st.received += d
+                st.answered += d
+                st.records += d
+                st.status[0] += d
+                st.by_attr[self._placed_attr] += d
+
     # -- entry ----------------------------------------------------------------------
 
     def answer_in_place(self, buf: memoryview, at: int, n: int, lid: int) -> int:
@@ -234,7 +260,7 @@ class SaServer:
         MAD at ``at`` in ``buf`` from LID ``lid`` turned into its answer where it lies: the request's
         header with the response's fields, and the record. Returns the answer's length; 0 (``buf``
         untouched) for anything else, which goes to :meth:`take_inline`. Counted as :meth:`_answer`
-        and :meth:`_send` count an answer.
+        and :meth:`_send` count an answer, once the stats are read.
         """
         q = self._quick
         if q is None:
@@ -249,12 +275,7 @@ class SaServer:
             return 0
         buf[at + 3 : at + 6] = _GET_RESP_STATUS_OK
         buf[at + 24 : at + 46] = tail
-        st = self.stats
-        st.received += 1
-        st.by_attr[attr] += 1
-        st.records += 1
-        st.answered += 1
-        st.status[0] += 1
+        self._placed += 1
         return length
 
     def take_inline(self, raw: bytes, src: MadAddress) -> bool:
@@ -287,6 +308,9 @@ class SaServer:
         if quick is not None and (q is None or q[0] is not snap):
             get1 = quick(cache)
             if get1 is not None:  # from the next request on, answer_in_place answers its Gets
+                if attr != self._placed_attr:  # (one family has a quick path: PathRecord)
+                    self._fold()
+                    self._placed_attr = attr
                 self._quick = (snap, get1, attr, _ANSWER_ZEROS + offset, length)
         return self.take(raw, src, snap=snap)
 
