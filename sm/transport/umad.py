@@ -217,13 +217,16 @@ def _method_mask(*methods: int) -> _MethodMask:
     return mask
 
 
-def _bare(lib: ctypes.CDLL, name: str) -> Any:
+def _bare(lib: ctypes.CDLL, name: str, *, keep_gil: bool = False) -> Any:
     """``lib.name`` without argtypes, for the per-MAD calls: a third of the call cost.
 
     Only for functions whose arguments are all C ints and pointers passed as
-    ctypes objects (buffers, ``byref``), and that return int.
+    ctypes objects (buffers, ``byref``), and that return int. ``keep_gil``: the
+    call does not release the GIL (a ``PyDLL`` function), for calls that never
+    wait (a receive without a timeout on the non-blocking descriptor, a send):
+    releasing and taking the GIL back costs as much as the call itself.
     """
-    fn = lib._FuncPtr((name, lib))
+    fn = (ctypes.PyDLL(lib._name, handle=lib._handle) if keep_gil else lib)._FuncPtr((name, lib))
     fn.restype = ctypes.c_int
     return fn
 
@@ -549,7 +552,7 @@ class UmadTransport(WindowedTransport):
         self._send_buf = ctypes.create_string_buffer(self._hdr_size + MAD_SIZE)
         self._send_view = memoryview(self._send_buf).cast("B")
         self._send_addr = None
-        self._umad_send = _bare(lib, "umad_send")
+        self._umad_send = _bare(lib, "umad_send", keep_gil=True)
 
     def _open_sink(self, attrs: PortAttrs) -> None:
         """Under libumad2sim: open its remaining descriptor slots; the last takes unregistered classes.
@@ -765,29 +768,63 @@ class UmadTransport(WindowedTransport):
         loop = self._loop
         assert lib is not None and loop is not None
         hs = self._hdr_size
-        buf = ctypes.create_string_buffer(hs + MAD_SIZE)
-        view = memoryview(buf).cast("B")
+        # A ring of receive buffers: an answer written in place (serve(in_place=)) stays in its buffer,
+        # held, while the next request comes into the next one; it is sent from there, nothing copied.
+        # The loop sends what it holds before it has taken _BURST in a row, so a held buffer is never
+        # received into.
+        ring = [ctypes.create_string_buffer(hs + MAD_SIZE) for _ in range(_BURST)]
+        views = [memoryview(b).cast("B") for b in ring]
+        slot = 0
+        buf, view = ring[0], views[0]
         length = ctypes.c_int()
         plen = ctypes.byref(length)
-        recv = _bare(lib, "umad_recv")
+        recv = _bare(lib, "umad_recv")  # waits: lets the GIL go
+        recv_now = _bare(lib, "umad_recv", keep_gil=True)  # never waits (timeout 0): keeps the GIL
         portid = self._portid
+        agents = self._agents
+        st = self.stats
         monotonic = time.monotonic
         order = sys.byteorder
         next_check = 0.0
         wait_ms = 0
         stopping = self._stop.is_set
-        held: list[tuple[bytes, int]] = []
+        held: list[tuple[ctypes.Array[ctypes.c_char], int, int]] = []
         burst = 0
-        while not stopping():
+        while True:
             length.value = MAD_SIZE
-            rc = recv(portid, buf, plen, wait_ms)
+            rc = recv(portid, buf, plen, wait_ms) if wait_ms else recv_now(portid, buf, plen, 0)
             if rc >= 0:
                 n = length.value
                 # struct ib_user_mad.status set: a send the kernel gave back (e.g. no path), nothing came in
                 if not int.from_bytes(view[4:8], order):
-                    k = self._answer_in_place(view, n)
-                    if k:  # a PathRecord Get, say: its answer now stands where it was asked
-                        self._back(buf, view, k, held, now=wait_ms > 0)
+                    in_place = self._in_place
+                    k = 0
+                    if in_place is not None:
+                        lid = view[_LID] << 8 | view[_LID + 1]
+                        try:
+                            k = in_place(view, hs, n, lid)
+                        except Exception:  # the service's bug: the request still goes the usual way
+                            log.exception("in-place service failed on a request from LID %#x", lid)
+                            k = 0
+                    if k:  # a PathRecord Get, say: its answer stands where it was asked, to go back as it came
+                        agent = agents.get(view[hs + 1])
+                        if agent is None:
+                            st.malformed += 1
+                        else:
+                            # The buffer's address is the request's (struct ib_mad_addr as the kernel wrote
+                            # it: the sender's QPN, LID, SL, path bits, P_Key index and GRH); a zero Q_Key
+                            # becomes the GSI's, as _reply does.
+                            st.served += 1
+                            if view[_QKEY : _QKEY + 4] == _NO_QKEY:
+                                view[_QKEY : _QKEY + 4] = _GSI_QKEY
+                            held.append((buf, k, agent))
+                            slot = slot + 1 if slot + 1 < _BURST else 0
+                            buf, view = ring[slot], views[slot]
+                            # The first answer of a wake-up goes at once; while more requests wait (taken
+                            # without a wait), answers are held and go together: one wake-up of the peer
+                            # (ibsim, a host's stack) for many.
+                            if wait_ms:
+                                self._send_held(held)
                     elif not self._received(buf, view, n):
                         break
                 burst += 1
@@ -805,7 +842,9 @@ class UmadTransport(WindowedTransport):
                     break
             burst = 0
             if held:
-                self._send_held(buf, view, held)
+                self._send_held(held)
+            if stopping():
+                break
             now = monotonic()
             if now >= next_check:
                 if self._sink >= 0:
@@ -822,6 +861,8 @@ class UmadTransport(WindowedTransport):
             wait_ms = int((next_check - now) * 1000) + 1
             if wait_ms < 1:  # (no max(): a builtin that parses keywords on every call)
                 wait_ms = 1
+        if held:
+            self._send_held(held)
 
     def _received(self, buf: ctypes.Array[ctypes.c_char], view: memoryview, length: int) -> bool:
         """One MAD that arrived (its bytes at the header's end of ``buf``); False when the loop is gone.
@@ -874,49 +915,13 @@ class UmadTransport(WindowedTransport):
         self._refuse_from(mad, src)
         return True
 
-    def _answer_in_place(self, view: memoryview, n: int) -> int:
-        """The service's answer written over the request in the receive buffer (``serve(in_place=)``):
-        its length, 0 when there is none (the buffer is as it came)."""
-        in_place = self._in_place
-        if in_place is None:
-            return 0
-        lid = view[_LID] << 8 | view[_LID + 1]
-        try:
-            return in_place(view, self._hdr_size, n, lid)
-        except Exception:  # the service's bug: the request still goes the usual way
-            log.exception("in-place service failed on a request from LID %#x", lid)
-            return 0
-
-    def _back(
-        self, buf: ctypes.Array[ctypes.c_char], view: memoryview, k: int, held: list[tuple[bytes, int]], *, now: bool
-    ) -> None:
-        """Send the ``k``-byte answer standing in the receive buffer back where its request came from.
-
-        The buffer's address is the request's (struct ib_mad_addr as the kernel wrote it: the sender's
-        QPN, LID, SL, path bits, P_Key index and GRH), so the answer takes the request's path back with
-        nothing built; a zero Q_Key becomes the GSI's, as :meth:`_reply` does. Held (address and answer)
-        unless ``now``, while more requests may be waiting: they go together, one wake-up of the peer
-        (ibsim, a host's stack) for many. The receive thread's own buffer: no lock.
-        """
-        agent = self._agents.get(view[self._hdr_size + 1])
-        if agent is None:
-            self.stats.malformed += 1
-            return
-        self.stats.served += 1
-        if view[_QKEY : _QKEY + 4] == _NO_QKEY:
-            view[_QKEY : _QKEY + 4] = _GSI_QKEY
-        held.append((view[_ADDR_OFFSET : self._hdr_size + k].tobytes(), agent))
-        if now:
-            self._send_held(buf, view, held)
-
-    def _send_held(self, buf: ctypes.Array[ctypes.c_char], view: memoryview, held: list[tuple[bytes, int]]) -> None:
-        """Send the answers :meth:`_back` held, from the receive buffer, and forget them."""
-        lead = self._hdr_size - _ADDR_OFFSET
+    def _send_held(self, held: list[tuple[ctypes.Array[ctypes.c_char], int, int]]) -> None:
+        """Send the answers the receive loop holds (each its buffer, the answer's length and the agent)
+        and forget them; a port that refuses one (the host gone) is counted, never raised."""
         send, portid, st = self._umad_send, self._portid, self.stats
-        for head, agent in held:
-            view[_ADDR_OFFSET : _ADDR_OFFSET + len(head)] = head
+        for buf, k, agent in held:
             st.replies += 1
-            if send(portid, agent, buf, len(head) - lead, 0, 0) < 0:  # the host gone: counted, never raised
+            if send(portid, agent, buf, k, 0, 0) < 0:
                 st.reply_errors += 1
         held.clear()
 
