@@ -212,7 +212,14 @@ class Elector:
 
     @property
     def is_master(self) -> bool:
-        return self.state == SmState.MASTER and not self.waiting_handover and not self._provisional
+        return self.serving()
+
+    def serving(self) -> bool:
+        """:attr:`is_master` as one plain call: the SA asks it for every request it answers."""
+        if self.state != SmState.MASTER or self.waiting_handover:
+            return False
+        until = self._provisional_until
+        return until == 0.0 or time.monotonic() >= until
 
     @property
     def may_write(self) -> bool:

@@ -11,6 +11,7 @@ ports and links through the manager's events.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,10 +60,10 @@ def serve_port(transport: WindowedTransport, manager: FabricManager) -> SmServic
     sa = SaServer(
         transport,
         all_families(),
-        lambda: manager.snapshot,
+        functools.partial(getattr, manager, "snapshot"),
         store=store,
         sm_key=manager.config.sm_key,
-        ready=lambda: el.is_master,
+        ready=el.serving,
         sm=el,
     )
     reporter = Reporter(store, transport, lambda: manager.snapshot)
