@@ -784,7 +784,6 @@ class UmadTransport(WindowedTransport):
         agents = self._agents
         st = self.stats
         monotonic = time.monotonic
-        order = sys.byteorder
         next_check = 0.0
         wait_ms = 0
         stopping = self._stop.is_set
@@ -796,7 +795,7 @@ class UmadTransport(WindowedTransport):
             if rc >= 0:
                 n = length.value
                 # struct ib_user_mad.status set: a send the kernel gave back (e.g. no path), nothing came in
-                if not int.from_bytes(view[4:8], order):
+                if not (view[4] or view[5] or view[6] or view[7]):
                     in_place = self._in_place
                     k = 0
                     if in_place is not None:
@@ -817,14 +816,12 @@ class UmadTransport(WindowedTransport):
                             st.served += 1
                             if view[_QKEY : _QKEY + 4] == _NO_QKEY:
                                 view[_QKEY : _QKEY + 4] = _GSI_QKEY
+                            # Held while more requests wait (taken without a wait) and sent together when
+                            # none does, or after _BURST: the peer (ibsim, a host's stack) is woken once for
+                            # many, and this thread is not preempted by it between two requests.
                             held.append((buf, k, agent))
                             slot = slot + 1 if slot + 1 < _BURST else 0
                             buf, view = ring[slot], views[slot]
-                            # The first answer of a wake-up goes at once; while more requests wait (taken
-                            # without a wait), answers are held and go together: one wake-up of the peer
-                            # (ibsim, a host's stack) for many.
-                            if wait_ms:
-                                self._send_held(held)
                     elif not self._received(buf, view, n):
                         break
                 burst += 1
@@ -1051,7 +1048,7 @@ class UmadTransport(WindowedTransport):
             got = int.from_bytes(view[16:20], order)
             if not got:
                 return
-            if not int.from_bytes(view[4:8], order):
+            if not (view[4] or view[5] or view[6] or view[7]):
                 self._received(buf, view, got - self._hdr_size)
 
     def _deliver_trap(self, mad: bytes, src: MadAddress) -> None:
