@@ -504,3 +504,54 @@ def test_columns_traced_at_once_are_those_traced_one_by_one() -> None:
             m1, r1 = _column(lazy, lid)
             assert m.tolist() == m1.tolist() == eager.cols1[lid][0], (label, lid)
             assert r.tolist() == r1.tolist() == eager.cols1[lid][1], (label, lid)
+
+
+def test_one_source_and_one_lid_read_as_pair_by_pair() -> None:
+    """path_values from one end port to every LID (a row) and from every end port to one LID (a column)
+    equal the pair-by-pair values, for every end port and every LID, in every kind of snapshot, and
+    with LFT holes (no switch forwards to the first two hosts: a port still reaches itself)."""
+    import dataclasses
+
+    from sm.sa.path_record import _ONE_MIN, _base, _from_one, _path_values_pairs, _to_one, path_values
+
+    snaps = _fast_path_snapshots()
+    plain = snaps[0][1]
+    holes = np.array(plain.lft, copy=True)
+    holes[:, ca_lids(plain)[:2]] = 255
+    for label, snap in [*snaps, ("LFT holes", dataclasses.replace(plain, lft=holes))]:
+        b = _base(snap)
+        n = b.ep_node.size
+        every_lid = np.arange(b.ep_of_lid.size, dtype=np.intp)  # LID 0 and unused LIDs too
+        every_port = np.arange(n, dtype=np.intp)
+        assert n >= _ONE_MIN, label  # path_values reads rows and columns below
+        for s in range(n):
+            src = np.full(every_lid.size, s, np.intp)
+            slow = _path_values_pairs(b, src, every_lid)
+            for fast in (_from_one(b, s, every_lid), path_values(b, src, every_lid)):
+                assert fast[0].tolist() == slow[0].tolist() and fast[1].tolist() == slow[1].tolist(), (label, s)
+                assert fast[0].dtype == fast[1].dtype == np.uint8
+        for lid in every_lid.tolist():
+            dl = np.full(n, lid, np.intp)
+            slow = _path_values_pairs(b, every_port, dl)
+            for fast in (_to_one(b, every_port, lid), path_values(b, every_port, dl)):
+                assert fast[0].tolist() == slow[0].tolist() and fast[1].tolist() == slow[1].tolist(), (label, lid)
+                assert fast[0].dtype == fast[1].dtype == np.uint8
+
+
+def test_get_table_records_are_the_gets_records() -> None:
+    """A GetTable from one source (and to one destination) holds, record for record, what a Get of each
+    of its port pairs answers, in every kind of snapshot with one LID per port."""
+    for label, snap in _fast_path_snapshots():
+        if snap.lids.lmc:
+            continue
+        lids = ca_lids(snap)
+        for s in (lids[0], lids[5], int(snap.lids.base[int(snap.fabric.switches[0]), 0])):
+            for side in ("SLID", "DLID"):
+                st, table = ask_direct(snap, SaMethod.GET_TABLE, mask(side), pr(**{side.lower(): s}))
+                assert st == 0 and table, (label, s, side)
+                for rec in table:
+                    f = fields(rec)
+                    st1, one = ask_direct(
+                        snap, SaMethod.GET, mask("SLID", "DLID"), pr(slid=f["slid"], dlid=f["dlid"])
+                    )
+                    assert st1 == 0 and one == [rec], (label, s, side, f)

@@ -40,6 +40,7 @@ exactly what ``query`` does, and leaves it everything else.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -96,6 +97,22 @@ NO_HOP = 255
 _EAGER_CELLS = 1 << 18
 """Largest switches x end port LIDs traced at once when a snapshot's path arrays are built (beyond,
 each destination's column is traced on its first use)."""
+_RECORD_DTYPE = np.dtype(
+    {
+        "names": ["dgid", "sgid", "dlid", "slid", "reversible", "pkey", "sl", "mtu", "rate", "plt", "preference"],
+        "formats": [("u1", 16), ("u1", 16), ">u2", ">u2", "u1", ">u2", "u1", "u1", "u1", "u1", "u1"],
+        "offsets": [8, 24, 40, 42, 49, 50, 53, 54, 55, 56, 57],
+        "itemsize": 64,
+    }
+)
+"""A PathRecord's fields as a GetTable fills them (the rest 0): those :data:`_RECORD` packs for a Get,
+and the Preference."""
+_ONE_MIN = 2
+"""From this many paths on, one source (or one LID) for all is read as a row (a column) at once."""
+_TALKERS_MAX = 1024
+"""Requesters whose reachable end ports a snapshot keeps (GetTables with partitions)."""
+_PAIR_LUT_MAX = 1 << 16
+"""Partition classes squared up to which a GetTable finds its class pairs with a table, not a sort."""
 
 
 def rate_code(width: int, speed: int) -> int:
@@ -243,6 +260,8 @@ class _Base:
     without a partition plan."""
     pk_port: list[tuple[int, int]]
     """Per class: one end port holding that table (what ``PartitionPlan.shared`` is asked about)."""
+    pk_class_a: npt.NDArray[np.intp]
+    """``pk_class`` as an array (a GetTable's per-pair work)."""
     plan: Any
     """The snapshot's partition plan (None: none)."""
     layers: npt.NDArray[np.uint8] | None
@@ -380,6 +399,7 @@ def _base(snap: Any) -> _Base:
         entry1=entry.tolist(),
         pk_class=pk_class,
         pk_port=pk_port,
+        pk_class_a=np.asarray(pk_class, np.intp),
         plan=plan,
         layers=getattr(snap, "layers", None),
         levels=qos if (qos := getattr(snap, "qos", None)) is not None and qos.enabled else None,
@@ -437,19 +457,50 @@ def _table(
         col = _column(b, d)
         return col[0][rows], col[1][rows]
     if (rows == rows[0]).all():
-        s = int(rows[0])
-        row = b.rows.get(s)
-        if row is None:
-            alll = np.arange(b.owner_key.size, dtype=np.intp)
-            row = b.rows[s] = trace(b, np.full(alll.size, s, np.intp), alll)
+        row = _row(b, int(rows[0]))
         return row[0][lids], row[1][lids]
     return trace(b, rows, lids)
+
+
+def _row(b: _Base, row: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """(MTU code, rate rank) from switch ``row`` to every LID, traced once per snapshot."""
+    got = b.rows.get(row)
+    if got is None:
+        alll = np.arange(b.owner_key.size, dtype=np.intp)
+        got = b.rows[row] = trace(b, np.full(alll.size, row, np.intp), alll)
+    return got
+
+
+def _no_path(
+    mtu: npt.NDArray[np.uint8], rank: npt.NDArray[np.uint8]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """Both values 0 where either is: no path (in place)."""
+    ok = (mtu != 0) & (rank != 0)
+    mtu *= ok
+    rank *= ok
+    return mtu, rank
 
 
 def path_values(
     b: _Base, src: npt.NDArray[np.intp], dlid: npt.NDArray[np.intp]
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
-    """(MTU code, rate rank) of the path from end port ``src[i]`` (index) to ``dlid[i]``; 0: none."""
+    """(MTU code, rate rank) of the path from end port ``src[i]`` (index) to ``dlid[i]``; 0: none.
+
+    One source to many LIDs (a GetTable's forward paths) and many sources to one LID (its reverse
+    paths) read a cached row or column with a handful of array operations (:func:`_from_one`,
+    :func:`_to_one`); the general case works per pair."""
+    if src.size >= _ONE_MIN:
+        if src[0] == src[-1] and (src == src[0]).all():
+            return _from_one(b, int(src[0]), dlid)
+        if dlid[0] == dlid[-1] and (dlid == dlid[0]).all():
+            return _to_one(b, src, int(dlid[0]))
+    return _path_values_pairs(b, src, dlid)
+
+
+def _path_values_pairs(
+    b: _Base, src: npt.NDArray[np.intp], dlid: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """:func:`path_values` pair by pair."""
     dst = b.ep_of_lid[dlid]
     first = b.ep_first[src]
     loop = dst == src
@@ -468,10 +519,43 @@ def path_values(
     cr = np.minimum(lr, tr)
     mtu = np.where(loop | direct_ok, lm, np.where(sw_path, cm, 0)).astype(np.uint8)
     rank = np.where(loop | direct_ok, lr, np.where(sw_path, cr, 0)).astype(np.uint8)
-    bad = (mtu == 0) | (rank == 0)
-    mtu[bad] = 0
-    rank[bad] = 0
-    return mtu, rank
+    return _no_path(mtu, rank)
+
+
+def _from_one(
+    b: _Base, src: int, dlid: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """:func:`path_values` from the one end port ``src`` to each of ``dlid``: its first switch's row."""
+    lm, lr = b.ep_link_mtu[src], b.ep_link_rank[src]
+    loop = b.ep_of_lid[dlid] == src
+    first = int(b.ep_first[src])
+    if first < 0:  # no switch beyond its link (ep_first): only itself
+        mtu = np.where(loop, lm, 0).astype(np.uint8)
+        rank = np.where(loop, lr, 0).astype(np.uint8)
+    else:
+        m, r = _row(b, first)
+        mtu = np.minimum(m[dlid], lm)  # a switch source: its port 0 (as OpenSM), NO_HOP above every value
+        rank = np.minimum(r[dlid], lr)
+        mtu[loop] = lm
+        rank[loop] = lr
+    return _no_path(mtu, rank)
+
+
+def _to_one(b: _Base, src: npt.NDArray[np.intp], dlid: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """:func:`path_values` from each of end ports ``src`` to the one LID ``dlid``: its column."""
+    loop = src == b.ep_of_lid[dlid]
+    first = b.ep_first[src]
+    sw_path = (first >= 0) & ~loop  # (ep_first is -1 for a port with no switch beyond its link)
+    lm, lr = b.ep_link_mtu[src], b.ep_link_rank[src]
+    m, r = _column(b, dlid)
+    at = np.maximum(first, 0)
+    mtu = np.minimum(m[at], lm)
+    rank = np.minimum(r[at], lr)
+    mtu *= sw_path
+    rank *= sw_path
+    np.copyto(mtu, lm, where=loop)
+    np.copyto(rank, lr, where=loop)
+    return _no_path(mtu, rank)
 
 
 def _select(
@@ -580,8 +664,10 @@ class _Req(NamedTuple):
     """The asking end port (node, port) where partitions restrict what it may see; None: no restriction."""
 
 
+@functools.lru_cache(maxsize=64)
 def _pairs(ns: int, nd: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], npt.NDArray[np.uint8]]:
-    """LID offsets (source, destination) and Preference of a port pair's paths, in OpenSM's order."""
+    """LID offsets (source, destination) and Preference of a port pair's paths, in OpenSM's order
+    (read-only arrays, made once per LID spans)."""
     first = min(ns, nd)
     si = list(range(first))
     di = list(range(first))
@@ -592,7 +678,10 @@ def _pairs(ns: int, nd: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]
                 si.append(i)
                 di.append(j)
                 pref.append(2)
-    return np.array(si, np.intp), np.array(di, np.intp), np.array(pref, np.uint8)
+    out = np.array(si, np.intp), np.array(di, np.intp), np.array(pref, np.uint8)
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _get1_of(b: _Base) -> GetOne:
@@ -794,7 +883,12 @@ class PathRecordFamily:
 
     @staticmethod
     def _talkers(ctx: SaContext, b: _Base, requester: tuple[int, int]) -> npt.NDArray[np.bool_]:
-        """Per end port (``_Base`` order): whether ``requester`` shares a P_Key with it."""
+        """Per end port (``_Base`` order): whether ``requester`` shares a P_Key with it (read-only, kept
+        per requester for the snapshot)."""
+        seen: dict[tuple[int, int], npt.NDArray[np.bool_]] = ctx.cache.setdefault("pr:talkers", {})
+        got = seen.get(requester)
+        if got is not None:
+            return got
         plan = ctx.snapshot.partitions
         rows = ctx.cache.get("pr:planrow")
         if rows is None:
@@ -807,6 +901,10 @@ class PathRecordFamily:
         if talks is not None:
             known = rows >= 0
             out[known] = talks[rows[known]]
+        out.flags.writeable = False
+        if len(seen) >= _TALKERS_MAX:
+            seen.clear()
+        seen[requester] = out
         return out
 
     @staticmethod
@@ -882,11 +980,17 @@ class PathRecordFamily:
         nd = 1 if r.dlid is not None else b.span
         si, di, pref = _pairs(ns, nd)
         K, Q = src.size, si.size
-        s_e = np.repeat(src, Q)
-        d_e = np.repeat(dst, Q)
-        slid = np.full(K * Q, r.slid, np.int64) if r.slid is not None else b.ep_base[s_e] + np.tile(si, K)
-        dlid = np.full(K * Q, r.dlid, np.int64) if r.dlid is not None else b.ep_base[d_e] + np.tile(di, K)
-        prefs = np.tile(pref, K)
+        if Q == 1:  # one path per port pair (LMC 0, or both LIDs given): offsets 0, Preference 0
+            s_e, d_e = src, dst
+            slid = np.full(K, r.slid, np.int64) if r.slid is not None else b.ep_base[s_e]
+            dlid = np.full(K, r.dlid, np.int64) if r.dlid is not None else b.ep_base[d_e]
+            prefs = np.zeros(K, np.uint8)
+        else:
+            s_e = np.repeat(src, Q)
+            d_e = np.repeat(dst, Q)
+            slid = np.full(K * Q, r.slid, np.int64) if r.slid is not None else b.ep_base[s_e] + np.tile(si, K)
+            dlid = np.full(K * Q, r.dlid, np.int64) if r.dlid is not None else b.ep_base[d_e] + np.tile(di, K)
+            prefs = np.tile(pref, K)
         mtu, rank = path_values(b, s_e, dlid.astype(np.intp))
         ok = mtu > 0
         if r.requester is not None:  # OpenSM answers only what the asker may reach: both ends
@@ -900,9 +1004,18 @@ class PathRecordFamily:
         uniform = hooks and plan is None
         by_class = hooks and plan is not None
         if by_class:  # partitions only: a pair's P_Key is its two tables' (by class), its SL 0 or the one asked
-            cls = np.asarray(b.pk_class, np.intp)
-            pair = cls[src] * len(b.pk_port) + cls[dst]
-            have, at_k = np.unique(pair, return_inverse=True)
+            cls = b.pk_class_a
+            npk = len(b.pk_port)
+            pair = cls[src] * npk + cls[dst]
+            if npk * npk <= _PAIR_LUT_MAX:  # the class pairs present, without a sort
+                seen_pair = np.zeros(npk * npk, bool)
+                seen_pair[pair] = True
+                have = np.flatnonzero(seen_pair)
+                lut = np.empty(npk * npk, np.intp)
+                lut[have] = np.arange(have.size)
+                at_k = lut[pair]
+            else:
+                have, at_k = np.unique(pair, return_inverse=True)
             pk_of = np.array(
                 [-1 if (x := _pick_pkey(_shared2(b, plan, c // len(b.pk_port), c % len(b.pk_port)), r.pkey)) is None
                  else x for c in have.tolist()], np.int64,
@@ -959,22 +1072,21 @@ class PathRecordFamily:
         if r.get:
             keep = keep[:1]
         k = keep.size
-        out = np.zeros((k, 64), np.uint8)
+        rec = np.zeros(k, _RECORD_DTYPE)
         if not k:
-            return out
-        se, de = s_e[keep], d_e[keep]
-        out[:, 8:24] = b.ep_gid[de]
-        out[:, 24:40] = b.ep_gid[se]
-        out[:, 40:42] = dlid[keep].astype(">u2").view(np.uint8).reshape(-1, 2)
-        out[:, 42:44] = slid[keep].astype(">u2").view(np.uint8).reshape(-1, 2)
-        out[:, 49] = np.where(rev[keep], 0x80, 0)
-        out[:, 50:52] = pkeys[keep].astype(">u2").view(np.uint8).reshape(-1, 2)
-        out[:, 53] = sls[keep] & 0xF
-        out[:, 54] = 0x80 | mtu_v[keep]
-        out[:, 55] = 0x80 | _CODE_OF_RANK[rank_v[keep]]
-        out[:, 56] = 0x80 | plt_v[keep]
-        out[:, 57] = prefs[keep]
-        return out
+            return rec.view(np.uint8).reshape(0, 64)
+        rec["dgid"] = b.ep_gid[d_e[keep]]
+        rec["sgid"] = b.ep_gid[s_e[keep]]
+        rec["dlid"] = dlid[keep]
+        rec["slid"] = slid[keep]
+        rec["reversible"] = rev[keep] * 0x80
+        rec["pkey"] = pkeys[keep]
+        rec["sl"] = sls[keep] & 0xF
+        rec["mtu"] = mtu_v[keep] | 0x80
+        rec["rate"] = _CODE_OF_RANK[rank_v[keep]] | 0x80
+        rec["plt"] = plt_v[keep] | 0x80
+        rec["preference"] = prefs[keep]
+        return rec.view(np.uint8).reshape(k, 64)
 
 
 def _end1(b: _Base, by_gid: int, by_lid: int, prefix: int, guid: int, lid: int) -> int:
