@@ -555,3 +555,44 @@ def test_get_table_records_are_the_gets_records() -> None:
                         snap, SaMethod.GET, mask("SLID", "DLID"), pr(slid=f["slid"], dlid=f["dlid"])
                     )
                     assert st1 == 0 and one == [rec], (label, s, side, f)
+
+
+def test_a_path_walked_alone_is_its_traced_cell() -> None:
+    """_walk1 (a cold Get's one path, hop by hop) gives trace's values for every switch and LID, holes and
+    down links included; path_value1 walks a LID's paths until _COLUMN_AFTER asked for it, then reads
+    its column, with the same values throughout."""
+    import dataclasses
+
+    from sm.sa.path_record import _COLUMN_AFTER, _base, _trace_all, _walk1, path_value1, trace
+
+    snaps = _fast_path_snapshots()
+    plain = snaps[0][1]
+    holes = np.array(plain.lft, copy=True)
+    holes[:, ca_lids(plain)[:2]] = 255
+    holes[0, ca_lids(plain)[2]] = 0  # port 0 of a switch that does not own the LID
+    f = plain.fabric
+    h = int(f.cas[4])
+    leaf = int(f.peer_node[h, 1])
+    wrong = next(p for p in range(1, f.port_exists.shape[1]) if int(f.peer_node[leaf, p]) in set(f.cas.tolist()) - {h})
+    holes[_base(plain).row_of[leaf], ca_lids(plain)[4]] = wrong  # to another host
+    for label, snap in [*snaps, ("LFT holes", dataclasses.replace(plain, lft=holes))]:
+        b = _base(snap)
+        n_sw, n_lid = int(b.sw.size), int(b.ep_of_lid.size)
+        rows = np.repeat(np.arange(n_sw, dtype=np.intp), n_lid)
+        lids = np.tile(np.arange(n_lid, dtype=np.intp), n_sw)
+        m, r = trace(b, rows, lids)
+        walked = [_walk1(b, row, lid) for row, lid in zip(rows.tolist(), lids.tolist(), strict=True)]
+        assert walked == list(zip(m.tolist(), r.tolist(), strict=True)), label
+        assert any(x != (0, 0) for x in walked) and any(x == (0, 0) for x in walked[n_lid:]), label
+        # a lazy base (no column traced) answers as an eager one, walking first, then from the column
+        eager, lazy = _base(snap), _base(snap)
+        _trace_all(eager)
+        host = b.ep_of_lid1[ca_lids(snap)[3]]
+        far = ca_lids(snap)[-1]
+        for k in range(1, _COLUMN_AFTER + 1):
+            assert path_value1(lazy, host, far) == path_value1(eager, host, far) != (0, 0), label
+            assert (far in lazy.cols1, lazy.walks.get(far)) == ((True, None) if k == _COLUMN_AFTER else (False, k))
+        for dlid in range(1, n_lid):
+            for src in range(b.ep_node.size):
+                for _ in range(2):
+                    assert path_value1(lazy, src, dlid) == path_value1(eager, src, dlid), (label, src, dlid)

@@ -30,7 +30,8 @@ Everything is arrays: per snapshot (``ctx.cache``) the per-port MTU and rate ran
 as queries come, the path minimum from every switch to one destination LID (a column, what a
 Get needs) or from one switch to every LID (a row, what a GetTable from one source needs), each
 traced hop by hop through the LFT for all its cells at once. On a subnet small enough every
-column is traced with the snapshot's arrays, in one pass.
+column is traced with the snapshot's arrays, in one pass; on a bigger one a Get walks its one
+path (a few us) until its LID has been asked for often enough to pay for the column (hundreds).
 
 A Get between two named ports (the usual one: no selector, SL or ServiceID) has a scalar path of
 its own, made per snapshot by :meth:`PathRecordFamily.quick`, which the SA's receive thread takes
@@ -107,6 +108,13 @@ _RECORD_DTYPE = np.dtype(
 )
 """A PathRecord's fields as a GetTable fills them (the rest 0): those :data:`_RECORD` packs for a Get,
 and the Preference."""
+_COLUMN_AFTER = 32
+"""A Get walks its path to a LID (:func:`_walk1`, ~13 us here) until this many have asked for that LID;
+then the LID's column is traced (every switch at once, 430-590 us on 180-1,620 switches, as much as ~40
+walks) and read from then on: a LID asked for once costs one walk, a hot one a column, and no LID costs
+much more than twice the cheaper of the two."""
+_WALKS_MAX = 1 << 16
+"""Most LIDs :attr:`_Base.walks` counts for at once."""
 _ONE_MIN = 2
 """From this many paths on, one source (or one LID) for all is read as a row (a column) at once."""
 _TALKERS_MAX = 1024
@@ -274,6 +282,8 @@ class _Base:
     """:func:`_shared2` by (source, destination) class, filled as GetTables come."""
     cols1: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
     """:func:`_column` as lists (a Get reads one cell of each)."""
+    walks: dict[int, int] = field(default_factory=dict)
+    """Per LID without a column yet: the paths to it :func:`path_value1` walked one by one."""
     cols: dict[int, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = field(default_factory=dict)
     rows: dict[int, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = field(default_factory=dict)
 
@@ -608,6 +618,31 @@ def _trace_all(b: _Base) -> None:
         b.cols1[lid] = (ml, rl)
 
 
+def _walk1(b: _Base, row: int, lid: int) -> tuple[int, int]:
+    """:func:`trace` of the one switch ``row`` and ``lid``, hop by hop with scalars: a few us, where a
+    column (every switch to ``lid``) costs hundreds on a big subnet."""
+    P = b.nports
+    lft, sw, owner, up, peer, mtu, rank = b.lft, b.sw, b.owner_key, b.up, b.peer, b.mtu, b.rank
+    own = owner.item(lid)
+    m = r = NO_HOP
+    cur = row
+    for _ in range(b.max_hops):
+        port = lft.item(cur, lid)
+        node = sw.item(cur)
+        if port == 0 and own == node * P:
+            return min(m, b.p0_mtu.item(node)), min(r, b.p0_rank.item(node))
+        key = node * P + port
+        if port == 0 or port >= P or not up.item(key):
+            return 0, 0
+        pk = peer.item(key)
+        m = min(m, mtu.item(key), mtu.item(pk))
+        r = min(r, rank.item(key), rank.item(pk))
+        cur = b.row_of.item(pk // P)
+        if cur < 0:  # a CA: the end, if it owns the LID
+            return (m, r) if own == pk else (0, 0)
+    return 0, 0
+
+
 def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
     """:func:`path_values` for one end port and LID, with Python scalars (a Get's cost)."""
     first, lm, lr, is_sw, peer_row, _, _, _ = b.ep1[src]
@@ -618,11 +653,22 @@ def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
     if not is_sw and peer_row < 0:  # a CA cabled to a CA
         return (lm, lr) if int(b.owner_key[dlid]) == int(b.ep_peer_key[src]) else (0, 0)
     col = b.cols1.get(dlid)
-    if col is None:
-        m_col, r_col = _column(b, dlid)
-        col = b.cols1[dlid] = (m_col.tolist(), r_col.tolist())
-    m = col[0][first]
-    r = col[1][first]
+    if col is not None:
+        m = col[0][first]
+        r = col[1][first]
+    else:  # a LID not asked for often yet: its one path walked, its column traced from the Nth time on
+        seen = b.walks.get(dlid, 0) + 1
+        if seen < _COLUMN_AFTER:
+            if len(b.walks) >= _WALKS_MAX:
+                b.walks.clear()
+            b.walks[dlid] = seen
+            m, r = _walk1(b, first, dlid)
+        else:
+            b.walks.pop(dlid, None)
+            m_col, r_col = _column(b, dlid)
+            col = b.cols1[dlid] = (m_col.tolist(), r_col.tolist())
+            m = col[0][first]
+            r = col[1][first]
     if lm < m:  # (no min(): a builtin that parses keywords on every call)
         m = lm
     if lr < r:
