@@ -994,10 +994,13 @@ class PathRecordFamily:
         sp = (s1[5], s1[6])
         dp = (d1[5], d1[6])
         if r.requester is not None:  # OpenSM answers only what the asker may reach: both ends
-            plan = ctx.snapshot.partitions
-            if not plan.shared(r.requester, sp) or not plan.shared(r.requester, dp):
+            talks = self._talkers(ctx, b, r.requester)
+            if not (talks[src] and talks[dst]):
                 return none
-        pkey = pair_pkey(ctx, sp, dp, r.pkey)
+        if pair_pkey is _DEFAULT_HOOKS[0] and b.plan is not None:  # the keys the two tables share, cached
+            pkey = _pick_pkey(_shared2(b, b.plan, b.pk_class[src], b.pk_class[dst]), r.pkey)
+        else:
+            pkey = pair_pkey(ctx, sp, dp, r.pkey)
         if pkey is None:
             return none
         rev = path_value1(b, dst, slid)[0] > 0
