@@ -285,15 +285,6 @@ def umad_client(cfg: dict[str, Any]) -> dict[str, Any]:
             raise SystemExit(f"umad_send: {rc}")
         return tid[0] & 0xFFFFFFFF
 
-    def recv(timeout_ms: int = 3000) -> tuple[int, int, int] | None:
-        """(TID low 32 bits, MAD status, umad status) of the next MAD; None on a timeout."""
-        rlen.value = 4096
-        rc = lib.umad_recv(portid, rbuf, ctypes.byref(rlen), timeout_ms)
-        if rc < 0:
-            return None
-        raw = ctypes.string_at(ctypes.addressof(rbuf) + hs, 64)
-        return int.from_bytes(raw[12:16], "big"), int.from_bytes(raw[4:6], "big"), int(lib.umad_status(rbuf))
-
     # The windows' loop is lean (the request written once, then per request only its TID and two
     # random LIDs; the address set once, the calls bare, the answer read in place): at 16 outstanding
     # the three processes share 2 cores, and a client that spends much per request measures itself
@@ -322,7 +313,8 @@ def umad_client(cfg: dict[str, Any]) -> dict[str, Any]:
             raise SystemExit("umad_send failed")
         return low
 
-    def lean_recv() -> tuple[int, int, int] | None:
+    def recv() -> tuple[int, int, int] | None:
+        """(TID low 32 bits, MAD status, umad status) of the next MAD, read in place; None on a timeout."""
         rlen.value = 4096
         if c_recv(portid, rbuf, plen, 3000) < 0:
             return None
@@ -338,7 +330,7 @@ def umad_client(cfg: dict[str, Any]) -> dict[str, Any]:
     for window in cfg["windows"]:
         for _ in range(50):  # warm up
             lean_send()
-            lean_recv()
+            recv()
         ok = bad = lost = 0
         out_tids: set[int] = set()
         t0 = time.perf_counter()
@@ -346,7 +338,7 @@ def umad_client(cfg: dict[str, Any]) -> dict[str, Any]:
         for _ in range(window):
             out_tids.add(lean_send())
         while out_tids:
-            r = lean_recv()
+            r = recv()
             if r is None:
                 lost += len(out_tids)
                 break

@@ -676,7 +676,7 @@ def path_value1(b: _Base, src: int, dlid: int) -> tuple[int, int]:
     return (m, r) if m and r else (0, 0)
 
 
-_UNKNOWN = (-1, -1)
+_UNKNOWN = -1
 """A requester that is no end port of the snapshot."""
 
 _GET1_LEAVES = _SERVICE_ID | _RAW | _SL | _MTU_SEL | _MTU | _RATE_SEL | _RATE | _PLT_SEL | _PLT
@@ -706,8 +706,9 @@ class _Req(NamedTuple):
     """(selector, rank)."""
     plt: tuple[int, int] | None
     raw: bool
-    requester: tuple[int, int] | None = None
-    """The asking end port (node, port) where partitions restrict what it may see; None: no restriction."""
+    requester: int | None = None
+    """The asking end port (index) where partitions restrict what it may see (``_UNKNOWN``: a LID that
+    is no end port); None: no restriction."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -916,22 +917,18 @@ class PathRecordFamily:
         return got  # type: ignore[no-any-return]
 
     @staticmethod
-    def _requester(ctx: SaContext, b: _Base, lid: int) -> tuple[int, int] | None:
+    def _requester(ctx: SaContext, b: _Base, lid: int) -> int | None:
         """The end port that asked (by its LID), when a partition plan restricts answers; None without a
         plan; ``_UNKNOWN`` when the LID is no end port of the snapshot."""
         if getattr(ctx.snapshot, "partitions", None) is None:
             return None
-        ep = b.ep_of_lid1[lid] if 0 < lid < len(b.ep_of_lid1) else -1
-        if ep < 0:
-            return _UNKNOWN
-        e = b.ep1[ep]
-        return (e[5], e[6])
+        return b.ep_of_lid1[lid] if 0 < lid < len(b.ep_of_lid1) else _UNKNOWN
 
     @staticmethod
-    def _talkers(ctx: SaContext, b: _Base, requester: tuple[int, int]) -> npt.NDArray[np.bool_]:
-        """Per end port (``_Base`` order): whether ``requester`` shares a P_Key with it (read-only, kept
-        per requester for the snapshot)."""
-        seen: dict[tuple[int, int], npt.NDArray[np.bool_]] = ctx.cache.setdefault("pr:talkers", {})
+    def _talkers(ctx: SaContext, b: _Base, requester: int) -> npt.NDArray[np.bool_]:
+        """Per end port (``_Base`` order): whether end port ``requester`` shares a P_Key with it (read-only,
+        kept per requester for the snapshot)."""
+        seen: dict[int, npt.NDArray[np.bool_]] = ctx.cache.setdefault("pr:talkers", {})
         got = seen.get(requester)
         if got is not None:
             return got
@@ -942,7 +939,8 @@ class PathRecordFamily:
             rows = ctx.cache["pr:planrow"] = np.array(
                 [at.get((n, p), -1) for n, p in zip(b.ep_node.tolist(), b.ep_port.tolist(), strict=True)], np.intp
             )
-        talks = plan.talks_with(requester)
+        e = b.ep1[requester]
+        talks = plan.talks_with((e[5], e[6]))
         out = np.zeros(rows.size, bool)
         if talks is not None:
             known = rows >= 0
@@ -993,13 +991,14 @@ class PathRecordFamily:
             return none
         sp = (s1[5], s1[6])
         dp = (d1[5], d1[6])
-        if r.requester is not None:  # OpenSM answers only what the asker may reach: both ends
-            talks = self._talkers(ctx, b, r.requester)
-            if not (talks[src] and talks[dst]):
-                return none
-        if pair_pkey is _DEFAULT_HOOKS[0] and b.plan is not None:  # the keys the two tables share, cached
-            pkey = _pick_pkey(_shared2(b, b.plan, b.pk_class[src], b.pk_class[dst]), r.pkey)
+        if r.requester is not None and pair_pkey is _DEFAULT_HOOKS[0]:  # as the fast path: cached by tables
+            pc = b.pk_class
+            pkey = _pkey1(b, b.plan, pc[r.requester], pc[src], pc[dst], r.pkey)
         else:
+            if r.requester is not None:  # OpenSM answers only what the asker may reach: both ends
+                talks = self._talkers(ctx, b, r.requester)
+                if not (talks[src] and talks[dst]):
+                    return none
             pkey = pair_pkey(ctx, sp, dp, r.pkey)
         if pkey is None:
             return none
@@ -1163,9 +1162,8 @@ def _pkey1(b: _Base, plan: Any, asker: int, src: int, dst: int, want: int | None
     key = (asker, src, dst, want)
     got = b.pk_shared.get(key, -1)
     if got == -1:
-        p = b.pk_port
-        reach = plan.shared(p[asker], p[src]) and plan.shared(p[asker], p[dst])
-        got = _pick_pkey(tuple(plan.shared(p[src], p[dst])), want) if reach else None
+        reach = _shared2(b, plan, asker, src) and _shared2(b, plan, asker, dst)
+        got = _pick_pkey(_shared2(b, plan, src, dst), want) if reach else None
         if len(b.pk_shared) < _PK_SHARED_MAX:
             b.pk_shared[key] = got
     return got
